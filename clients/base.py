@@ -37,6 +37,10 @@ NUM_PROCESSED = "num-processed"  # samples passed through training this round, a
 NUM_TEST = "num-test"
 PERSONAL_CORRECT = "personal-correct"
 PARTITION_ID = "partition-id"
+# Cost metrics of every reply (FedSeq-style comparisons, edge budgets).
+NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this round
+COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
+HANDLER_SECONDS = "handler-seconds"  # the whole message handler, setup included
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class ClientProcedure:
         self.model: SplitModel = build_model(
             setup.info, self.config.head_depth, self.config.seed, private_head=self.private_head
         ).to(self.device)
+        self.trained_numel: dict[int, int] = {}  # parameter id -> size, over this round
 
     # ----------------------------------------------------------------- the round
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
@@ -134,6 +139,7 @@ class ClientProcedure:
         """Train with the run's optimiser settings and a seeded shuffle for this client,
         round and ``stream`` (distinct streams for the distinct steps of one round).
         ``model`` defaults to the procedure's model (Ditto passes its personal one)."""
+        self.trained_numel.update((id(p), p.numel()) for p in trainable)
         return train_epochs(
             self.model if model is None else model,
             trainable,
@@ -180,7 +186,12 @@ class ClientProcedure:
         return self.config.option(key, default)
 
     def train_metrics(self, processed: int, **extra: float | int) -> dict[str, float | int]:
-        return {NUM_EXAMPLES: len(self.data.train), NUM_PROCESSED: processed, **extra}
+        return {
+            NUM_EXAMPLES: len(self.data.train),
+            NUM_PROCESSED: processed,
+            NUM_TRAINED_PARAMS: sum(self.trained_numel.values()),
+            **extra,
+        }
 
 
 def snapshot(params: Sequence[nn.Parameter]) -> list[torch.Tensor]:

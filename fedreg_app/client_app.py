@@ -3,10 +3,18 @@ then hands the message to the algorithm's client procedure."""
 
 from __future__ import annotations
 
+import time
+
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.base import PARTITION_ID, ClientProcedure, ClientSetup
+from clients.base import (
+    COMPUTE_SECONDS,
+    HANDLER_SECONDS,
+    PARTITION_ID,
+    ClientProcedure,
+    ClientSetup,
+)
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, load_client_data, load_info
 from fedreg_app.records import from_record, to_record
@@ -57,20 +65,36 @@ def procedure_for(msg: Message, context: Context) -> tuple[ClientProcedure, dict
     return procedure, from_record(msg.content[ARRAYS]), int(msg.content[CONFIG][SERVER_ROUND])
 
 
-def reply(msg: Message, procedure: ClientProcedure, metrics: dict, **records) -> Message:
-    """A reply with the metrics (tagged with the partition) and any further records."""
-    tagged = MetricRecord({**metrics, PARTITION_ID: procedure.data.partition_id})
+def reply(
+    msg: Message, procedure: ClientProcedure, metrics: dict, seconds: dict, **records
+) -> Message:
+    """A reply with the metrics (tagged with the partition and the time spent) and any
+    further records."""
+    tagged = MetricRecord({**metrics, **seconds, PARTITION_ID: procedure.data.partition_id})
     return Message(RecordDict({**records, METRICS: tagged}), reply_to=msg)
+
+
+def timings(received: float, computed: float) -> dict[str, float]:
+    """Seconds in the procedure alone, and in the whole handler so far."""
+    return {COMPUTE_SECONDS: computed, HANDLER_SECONDS: time.perf_counter() - received}
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    received = time.perf_counter()
     procedure, arrays, server_round = procedure_for(msg, context)
+    started = time.perf_counter()
     result = procedure.train(arrays, server_round)
-    return reply(msg, procedure, result.metrics, **{ARRAYS: to_record(result.arrays)})
+    payload = to_record(result.arrays)
+    seconds = timings(received, time.perf_counter() - started)
+    return reply(msg, procedure, result.metrics, seconds, **{ARRAYS: payload})
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    received = time.perf_counter()
     procedure, arrays, server_round = procedure_for(msg, context)
-    return reply(msg, procedure, procedure.evaluate(arrays, server_round))
+    started = time.perf_counter()
+    metrics = procedure.evaluate(arrays, server_round)
+    seconds = timings(received, time.perf_counter() - started)
+    return reply(msg, procedure, metrics, seconds)

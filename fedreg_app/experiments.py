@@ -31,7 +31,6 @@ import argparse
 import itertools
 import json
 import math
-import statistics
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from typing import Any
 
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.launcher import PROJECT, LocalSuperLink
+from fedreg_app.reports import mean_std, write_report
 
 EXPERIMENT_TABLE = "experiment"
 
@@ -313,16 +313,6 @@ def summarize(specs: list[RunSpec]) -> list[CellSummary]:
     return summaries
 
 
-def mean_std(values: tuple[float, ...]) -> str:
-    """Percent, ``mean ± std`` over seeds (sample std; none with one seed)."""
-    if not values:
-        return "–"
-    mean = 100 * statistics.fmean(values)
-    if len(values) == 1:
-        return f"{mean:.2f}"
-    return f"{mean:.2f} ± {100 * statistics.stdev(values):.2f}"
-
-
 def markdown_table(summaries: list[CellSummary]) -> str:
     """One row per cell: its grid values, G and P as mean ± std over seeds."""
     keys = list(dict.fromkeys(k for s in summaries for k in s.cell))
@@ -391,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(summarize(specs))
     (args.out / "summary.md").write_text(table + "\n")
     print(table)
+    if any(s.result is not None for s in specs):
+        for path in write_report(args.out, args.out / "report"):
+            print(f"wrote {path}")
     return 0 if all(s.result is not None for s in specs) else 1
 
 

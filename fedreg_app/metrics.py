@@ -25,12 +25,24 @@ CSV_COLUMNS = (
     "train_seconds",
     "eval_seconds",
     "num_train_examples",
+    "trained_parameters",
+    "bytes_to_clients",
+    "bytes_from_clients",
+    "client_compute_seconds",
+    "client_handler_seconds",
+    "server_eval_seconds",
 )
 
 
 @dataclass
 class RoundRecord:
-    """One round. Accuracies are fractions in [0, 1]; None where not evaluated."""
+    """One round. Accuracies are fractions in [0, 1]; None where not evaluated.
+
+    Costs: ``train_seconds`` / ``eval_seconds`` are the server's wall time of each phase;
+    ``client_compute_seconds`` sums the clients' own work (training, evaluation) and
+    ``client_handler_seconds`` their whole message handling; ``bytes_*`` count the model
+    arrays in the messages of both phases; ``trained_parameters`` sums, over the clients
+    that trained, the distinct parameters each updated."""
 
     round: int
     global_accuracy: float | None
@@ -39,6 +51,12 @@ class RoundRecord:
     train_seconds: float
     eval_seconds: float
     num_train_examples: int
+    trained_parameters: int = 0
+    bytes_to_clients: int = 0
+    bytes_from_clients: int = 0
+    client_compute_seconds: float = 0.0
+    client_handler_seconds: float = 0.0
+    server_eval_seconds: float = 0.0
     sampled_clients: list[int] = field(default_factory=list)
     client_accuracies: dict[str, float] | None = None
 
@@ -83,6 +101,9 @@ class ResultsWriter:
         best_personal = _best([r.personal_accuracy for r in self.rounds])
         score = math.log10(best_global / best_personal) if best_global and best_personal else None
         return {
+            "total_bytes_to_clients": sum(r.bytes_to_clients for r in self.rounds),
+            "total_bytes_from_clients": sum(r.bytes_from_clients for r in self.rounds),
+            "total_trained_parameters": sum(r.trained_parameters for r in self.rounds),
             "best_global_accuracy": best_global,
             "best_personal_accuracy": best_personal,
             # FedReG paper, Figure 7: log10(g / p) of the best global and best personal

@@ -10,6 +10,8 @@ set, per-round timings and results that survive an interrupted run.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 
@@ -19,13 +21,18 @@ from flwr.app import (
     Context,
     Message,
     MessageType,
-    MetricRecord,
     RecordDict,
 )
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from clients.base import NUM_PROCESSED, PARTITION_ID
+from clients.base import (
+    COMPUTE_SECONDS,
+    HANDLER_SECONDS,
+    NUM_PROCESSED,
+    NUM_TRAINED_PARAMS,
+    PARTITION_ID,
+)
 from fedreg_app.client_app import NUM_PARTITIONS
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, TensorData, load_info, load_union_test_set
@@ -90,6 +97,39 @@ def run_folder(config: RunConfig, run_id: int) -> Path:
     return Path(config.results_dir).expanduser().resolve() / name
 
 
+def payload_bytes(messages: Iterable[Message]) -> int:
+    """Serialized bytes of the model arrays the messages carry (the ``.npy`` payload, header
+    included): the traffic that matters. Metrics and configs add a few hundred bytes per
+    message and are not counted."""
+    return sum(
+        len(array.data)
+        for msg in messages
+        for record in msg.content.array_records.values()
+        for array in record.values()
+    )
+
+
+@dataclass
+class Exchange:
+    """One phase's messages: the replies, bytes each way and how long it took."""
+
+    replies: list[Message]
+    bytes_sent: int
+    bytes_received: int
+    seconds: float
+
+
+def exchange(grid: Grid, messages: Iterable[Message]) -> Exchange:
+    """Send and wait for the replies; count the arrays' bytes in both directions."""
+    started = time.perf_counter()
+    messages = list(messages)
+    if not messages:
+        return Exchange([], 0, 0, 0.0)
+    replies = list(grid.send_and_receive(messages))
+    received = payload_bytes(r for r in replies if not r.has_error())
+    return Exchange(replies, payload_bytes(messages), received, time.perf_counter() - started)
+
+
 def run_rounds(
     grid: Grid,
     config: RunConfig,
@@ -101,33 +141,39 @@ def run_rounds(
     arrays = to_record(model.group_state(BASE, HEAD_G, EXTRA))
     for server_round in range(1, config.num_server_rounds + 1):
         started = time.perf_counter()
-        replies = grid.send_and_receive(
-            strategy.configure_train(server_round, arrays, ConfigRecord(), grid)
+        training = exchange(
+            grid, strategy.configure_train(server_round, arrays, ConfigRecord(), grid)
         )
-        aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
+        aggregated, train_metrics = strategy.aggregate_train(server_round, training.replies)
         if aggregated is not None:
             arrays = aggregated
         train_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
+        evaluation = Exchange([], 0, 0, 0.0)
         personal: dict = {}
-        global_acc = None
+        global_acc, server_eval_seconds = None, 0.0
         if config.is_eval_round(server_round):
-            replies = grid.send_and_receive(
-                strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+            evaluation = exchange(
+                grid, strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
             )
-            personal = dict(strategy.aggregate_evaluate(server_round, replies) or {})
+            personal = dict(strategy.aggregate_evaluate(server_round, evaluation.replies) or {})
+            evaluated = time.perf_counter()
             global_acc = global_accuracy(strategy, model, arrays, test_set)
+            server_eval_seconds = time.perf_counter() - evaluated
         eval_seconds = time.perf_counter() - started
 
         record = round_record(
             server_round,
             global_acc,
             personal,
-            (train_seconds, eval_seconds),
-            train_metrics,
+            dict(train_metrics or {}),
             strategy.last_sampled,
         )
+        record.train_seconds, record.eval_seconds = round(train_seconds, 3), round(eval_seconds, 3)
+        record.server_eval_seconds = round(server_eval_seconds, 3)
+        record.bytes_to_clients = training.bytes_sent + evaluation.bytes_sent
+        record.bytes_from_clients = training.bytes_received + evaluation.bytes_received
         writer.add(record)
         log(INFO, "%s", round_line(record, config.num_server_rounds))
     return arrays
@@ -137,23 +183,30 @@ def round_record(
     server_round: int,
     global_acc: float | None,
     personal: dict,
-    seconds: tuple[float, float],
-    train_metrics: MetricRecord | None,
+    train_metrics: dict,
     sampled: list[int],
 ) -> RoundRecord:
-    """One round's results; ``personal`` is the aggregated evaluation ({} if none ran)."""
+    """One round's accuracies and client-reported costs; ``personal`` is the aggregated
+    evaluation ({} if none ran), ``train_metrics`` the aggregated training replies."""
     client_accuracies = None
     if personal:
         partitions, accuracies = personal["client-partitions"], personal["client-accuracies"]
         client_accuracies = {str(p): a for p, a in zip(partitions, accuracies, strict=True)}
+
+    def client_seconds(key: str) -> float:
+        return round(float(train_metrics.get(key, 0.0)) + float(personal.get(key, 0.0)), 3)
+
     return RoundRecord(
         round=server_round,
         global_accuracy=global_acc,
         personal_accuracy=personal.get("personal-accuracy"),
         personal_accuracy_std=personal.get("personal-accuracy-std"),
-        train_seconds=round(seconds[0], 3),
-        eval_seconds=round(seconds[1], 3),
-        num_train_examples=int(train_metrics[NUM_PROCESSED]) if train_metrics else 0,
+        train_seconds=0.0,
+        eval_seconds=0.0,
+        num_train_examples=int(train_metrics.get(NUM_PROCESSED, 0)),
+        trained_parameters=int(train_metrics.get(NUM_TRAINED_PARAMS, 0)),
+        client_compute_seconds=client_seconds(COMPUTE_SECONDS),
+        client_handler_seconds=client_seconds(HANDLER_SECONDS),
         sampled_clients=list(sampled),
         client_accuracies=client_accuracies,
     )

@@ -20,9 +20,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from clients.base import (
+    COMPUTE_SECONDS,
+    HANDLER_SECONDS,
     NUM_EXAMPLES,
     NUM_PROCESSED,
     NUM_TEST,
+    NUM_TRAINED_PARAMS,
     PARTITION_ID,
     PERSONAL_CORRECT,
 )
@@ -162,7 +165,9 @@ class PersonalizedStrategy(Strategy):
         merged = {**self._current, **self.aggregate_updates(server_round, updates)}
         metrics = MetricRecord(
             {
+                **cost_totals([m for _, m in updates]),
                 NUM_PROCESSED: sum(int(m[NUM_PROCESSED]) for _, m in updates),
+                NUM_TRAINED_PARAMS: sum(int(m.get(NUM_TRAINED_PARAMS, 0)) for _, m in updates),
                 "num-results": len(valid),
             }
         )
@@ -193,7 +198,7 @@ class PersonalizedStrategy(Strategy):
         results = sorted(
             (dict(msg.content[METRICS]) for msg in valid), key=lambda m: m[PARTITION_ID]
         )
-        return MetricRecord(personal_metrics(results))
+        return MetricRecord({**personal_metrics(results), **cost_totals(results)})
 
     def summary(self) -> None:
         log(INFO, "\t├──> %s: %s", type(self).__name__, dict(self.group_weights))
@@ -215,6 +220,14 @@ def personal_metrics(results: list[dict[str, float]]) -> dict[str, float | list[
         "num-test": total,
         "client-partitions": [int(r[PARTITION_ID]) for r in results],
         "client-accuracies": per_client,
+    }
+
+
+def cost_totals(results: list[Mapping[str, float]]) -> dict[str, float]:
+    """Client seconds summed over the replies (the work the round bought)."""
+    return {
+        key: float(sum(float(r.get(key, 0.0)) for r in results))
+        for key in (COMPUTE_SECONDS, HANDLER_SECONDS)
     }
 
 

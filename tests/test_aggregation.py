@@ -80,3 +80,22 @@ def test_sample_size() -> None:
     assert sample_size(100, 0.2) == 20
     assert sample_size(100, 0.29) == 29
     assert sample_size(3, 0.1) == 1
+
+
+def test_payload_bytes_counts_every_message_and_cost_totals_sum() -> None:
+    from types import SimpleNamespace
+
+    from flwr.app import RecordDict
+
+    from clients.base import COMPUTE_SECONDS, HANDLER_SECONDS
+    from fedreg_app.records import to_record
+    from fedreg_app.server_app import payload_bytes
+    from strategies.base import cost_totals
+
+    record = RecordDict({"arrays": to_record({"base.w": np.zeros((3, 4), np.float32)})})
+    messages = [SimpleNamespace(content=record) for _ in range(2)]  # as Message.content
+    serialized = len(record["arrays"]["base.w"].data)  # .npy bytes: data plus a header
+    assert 3 * 4 * 4 < serialized < 3 * 4 * 4 + 256
+    assert payload_bytes(messages) == 2 * serialized
+    replies = [{COMPUTE_SECONDS: 1.5, HANDLER_SECONDS: 2.0}, {COMPUTE_SECONDS: 0.5}]
+    assert cost_totals(replies) == {COMPUTE_SECONDS: 2.0, HANDLER_SECONDS: 2.0}

@@ -143,3 +143,21 @@ def test_single_class_and_tiny_clients_train_and_evaluate() -> None:
         assert all(np.isfinite(v).all() for v in result.arrays.values())
         counts_eval = FedReGClient(setup).evaluate(result.arrays, 1)
         assert counts_eval["num-test"] == 15
+
+
+def numel(arrays: dict[str, np.ndarray]) -> int:
+    return sum(int(v.size) for v in arrays.values())
+
+
+def test_trained_parameter_count_is_what_each_algorithm_updates() -> None:
+    from clients.base import NUM_TRAINED_PARAMS
+    from clients.fedbabu import FedBABUClient
+
+    model = build_model(INFO, 2, 0, private_head=True)
+    sizes = {g: numel(model.group_state(g)) for g in (BASE, HEAD_G, HEAD_P)}
+    fedreg = FedReGClient(make_setup()).train(global_arrays(), server_round=1)
+    assert fedreg.metrics[NUM_TRAINED_PARAMS] == sizes[BASE] + sizes[HEAD_G] + sizes[HEAD_P]
+    fedavg = FedAvgClient(make_setup()).train(global_arrays(), server_round=1)
+    assert fedavg.metrics[NUM_TRAINED_PARAMS] == sizes[BASE] + sizes[HEAD_G]
+    fedbabu = FedBABUClient(make_setup(algo="fedbabu")).train(global_arrays(), server_round=1)
+    assert fedbabu.metrics[NUM_TRAINED_PARAMS] == sizes[BASE]  # the head never trains

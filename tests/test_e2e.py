@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from fedreg_app.config import RunConfig
+from fedreg_app.data import DatasetInfo
 from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.records import to_record
 from fedreg_app.registry import algorithm_names
 from strategies.fedavg import FedAvgStrategy
 
@@ -75,6 +78,30 @@ def test_every_algorithm_runs_in_simulation(
     csv_lines = (next(results_dir.glob("*/rounds.csv"))).read_text().splitlines()
     assert csv_lines[0].startswith("round,global_accuracy,personal_accuracy")
     assert len(csv_lines) == 4
+    check_costs(algo, rounds)
+
+
+def model_bytes(*groups: str) -> int:
+    """Serialized bytes of the named groups of the run's model on the generated data."""
+    info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
+    record = to_record(build_model(info, 2, 0).group_state(*groups))
+    return sum(len(array.data) for array in record.values())
+
+
+def check_costs(algo: str, rounds: list[dict]) -> None:
+    """Every round records traffic, trained parameters and client time; FedAvg and FedPer
+    send exactly what they should: 2 sampled clients train, all 4 evaluate in round 2."""
+    for record in rounds:
+        assert record["bytes_to_clients"] > 0 and record["bytes_from_clients"] > 0
+        assert record["trained_parameters"] > 0
+        assert 0 < record["client_compute_seconds"] <= record["client_handler_seconds"]
+    sent = {"fedavg": (BASE, HEAD_G), "fedper": (BASE,)}.get(algo)
+    if sent:
+        size = model_bytes(*sent)
+        assert rounds[0]["bytes_to_clients"] == 2 * size  # training only
+        assert rounds[1]["bytes_to_clients"] == (2 + 4) * size  # training + evaluation
+    if algo == "fedavg":
+        assert rounds[0]["bytes_from_clients"] == 2 * model_bytes(BASE, HEAD_G)
 
 
 def test_bad_config_fails_before_training(

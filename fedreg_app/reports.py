@@ -1,0 +1,345 @@
+"""Reports from finished runs: tables laid out like the FedReG paper's, and PNG plots.
+
+Everything here reads the ``results.json`` files the runs wrote, so a report can be made
+again at any time, from a partial grid too::
+
+    fedreg-report experiments/                    # tables + accuracy curves (+ Figure 7)
+    fedreg-report experiments/ --out docs/figures
+    fedreg-report classes --clients 30 --set dataset-path=../shared/data/fashion_mnist
+
+The folder layout is the runner's: ``<root>/<experiment>/<cell>/seed<k>/<run>/results.json``.
+Plots:
+
+* ``<experiment>_accuracy.png`` - global and personal accuracy per round for each cell,
+  mean over seeds with a band of one standard deviation;
+* ``log_ratio_vs_clients.png`` - the paper's Figure 7: log10(g/p) of best global and best
+  personal accuracy against the number of clients, one line per algorithm (drawn when the
+  runs cover at least two client counts);
+* ``class_distribution.png`` - the paper's Figure 4: each client's class counts in its
+  original train split and in its rebalanced dataset (augmented part hatched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers and devices
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from clients.rebalance import class_threshold  # noqa: E402
+from fedreg_app.config import ConfigError, RunConfig  # noqa: E402
+from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
+
+CELL_SEPARATOR = "__"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One completed run, located by the runner's folder layout."""
+
+    experiment: str
+    cell: str  # the cell folder, e.g. ``fedreg`` or ``fedreg__variant-a``
+    seed: int
+    document: dict[str, Any]
+
+    @property
+    def algo(self) -> str:
+        return str(self.document["config"]["algo"])
+
+    @property
+    def clients(self) -> int:
+        return int(self.document["run"]["num_clients"])
+
+    @property
+    def best_global(self) -> float | None:
+        return self.document.get("best_global_accuracy")
+
+    @property
+    def best_personal(self) -> float | None:
+        return self.document.get("best_personal_accuracy")
+
+    def series(self, metric: str) -> tuple[list[int], list[float]]:
+        """(rounds, values) of a per-round accuracy, skipping rounds not evaluated."""
+        points = [(r["round"], r[metric]) for r in self.document["rounds"] if r[metric] is not None]
+        return [p[0] for p in points], [p[1] for p in points]
+
+
+def collect(root: Path) -> list[RunResult]:
+    """Every completed run under ``root`` (the newest one per seed folder)."""
+    newest: dict[Path, RunResult] = {}
+    for path in sorted(root.glob("*/*/seed*/*/results.json")):
+        document = json.loads(path.read_text())
+        if document.get("run", {}).get("status") != "completed":
+            continue
+        seed_folder = path.parent.parent
+        newest[seed_folder] = RunResult(
+            experiment=seed_folder.parent.parent.name,
+            cell=seed_folder.parent.name,
+            seed=int(seed_folder.name.removeprefix("seed")),
+            document=document,
+        )
+    return list(newest.values())
+
+
+def by_key(results: Sequence[RunResult], key: Any) -> dict[Any, list[RunResult]]:
+    """Group runs, keeping the order in which keys first appear."""
+    groups: dict[Any, list[RunResult]] = {}
+    for result in results:
+        groups.setdefault(key(result), []).append(result)
+    return groups
+
+
+def mean_std(values: Sequence[float]) -> str:
+    """Percent, ``mean ± std`` over seeds (sample std; none with one seed)."""
+    if not values:
+        return "–"
+    mean = 100 * statistics.fmean(values)
+    if len(values) == 1:
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {100 * statistics.stdev(values):.2f}"
+
+
+# ----------------------------------------------------------------------- tables
+def paper_table(results: Sequence[RunResult]) -> str:
+    """The paper's layout: one row per cell (algorithm, variant, grid values), a G and a P
+    column per experiment (dataset, client count, ...), mean ± std over seeds."""
+    experiments = list(by_key(results, lambda r: r.experiment))
+    cells = list(by_key(results, lambda r: r.cell))
+    groups = by_key(results, lambda r: (r.cell, r.experiment))
+    header = ["cell"] + [f"{e} {m}" for e in experiments for m in ("G", "P")] + ["seeds"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for cell in cells:
+        row = [cell.replace(CELL_SEPARATOR, " ")]
+        seeds = []
+        for experiment in experiments:
+            runs = groups.get((cell, experiment), [])
+            row.append(mean_std([r.best_global for r in runs if r.best_global is not None]))
+            row.append(mean_std([r.best_personal for r in runs if r.best_personal is not None]))
+            seeds.append(str(len(runs)))
+        lines.append("| " + " | ".join(row + ["/".join(seeds)]) + " |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------ plots
+def _mean_band(runs: Sequence[RunResult], metric: str) -> tuple[np.ndarray, ...] | None:
+    """Rounds common to all seeds, the mean and the std of the metric there."""
+    series = [dict(zip(*r.series(metric), strict=True)) for r in runs]
+    rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    if not rounds:
+        return None
+    values = np.array([[s[k] for k in rounds] for s in series]) * 100
+    return np.array(rounds), values.mean(axis=0), values.std(axis=0)
+
+
+def plot_accuracy_curves(results: Sequence[RunResult], title: str, path: Path) -> Path:
+    """Global (left) and personal (right) accuracy per round, one line per cell, mean over
+    seeds with a +-1 std band."""
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    cells = by_key(results, lambda r: r.cell)
+    colours = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
+    for index, (cell, runs) in enumerate(cells.items()):
+        for axis, metric in zip(axes, ("global_accuracy", "personal_accuracy"), strict=True):
+            band = _mean_band(runs, metric)
+            if band is None:
+                continue
+            rounds, mean, std = band
+            colour = colours(index % colours.N)
+            label = f"{cell.replace(CELL_SEPARATOR, ' ')} (n={len(runs)})"
+            axis.plot(rounds, mean, marker="o", markersize=3, color=colour, label=label)
+            axis.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
+    for axis, name in zip(axes, ("global model", "personal models"), strict=True):
+        axis.set_title(f"{name}: accuracy per round")
+        axis.set_xlabel("round")
+        axis.set_ylabel("accuracy (%)")
+        axis.grid(alpha=0.3)
+    axes[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+    figure.suptitle(title)
+    return _save(figure, path)
+
+
+def plot_log_ratio_vs_clients(results: Sequence[RunResult], path: Path) -> Path:
+    """The paper's Figure 7: mean log10(g/p) over seeds against the number of clients."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for cell, runs in by_key(results, lambda r: r.cell).items():
+        per_clients = by_key(runs, lambda r: r.clients)
+        points = []
+        for clients, group in sorted(per_clients.items()):
+            scores = [
+                math.log10(r.best_global / r.best_personal)
+                for r in group
+                if r.best_global and r.best_personal
+            ]
+            if scores:
+                points.append((clients, statistics.fmean(scores)))
+        if points:
+            xs, ys = zip(*points, strict=True)
+            axis.plot(xs, ys, marker="o", label=cell.replace(CELL_SEPARATOR, " "))
+    axis.set_xscale("log")
+    axis.set_xlabel("number of clients")
+    axis.set_ylabel("log10(g / p)   (0: global as good as personal)")
+    axis.set_title("Best global vs best personal accuracy (FedReG paper, Figure 7)")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    return _save(figure, path)
+
+
+def rebalanced_counts(original: np.ndarray, thresholds: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """Per client and class: original samples kept (min(n_c, t)) and augmented samples
+    added (t - n_c where n_c < t) in the rebalanced dataset; absent classes stay absent."""
+    t = np.asarray(thresholds)[:, None]
+    present = original > 0
+    kept = np.where(present, np.minimum(original, t), 0)
+    added = np.where(present, np.maximum(t - original, 0), 0)
+    return kept, added
+
+
+def plot_class_distribution(
+    original: np.ndarray, thresholds: Sequence[int], title: str, path: Path
+) -> Path:
+    """The paper's Figure 4: stacked class counts per client, original (top) and
+    rebalanced (bottom, augmented samples hatched)."""
+    clients, classes = original.shape
+    kept, added = rebalanced_counts(original, thresholds)
+    figure, axes = plt.subplots(2, 1, figsize=(max(8, clients * 0.35), 8), sharex=True)
+    colours = plt.get_cmap("tab10" if classes <= 10 else "tab20")
+    x = np.arange(clients)
+    bottoms = [np.zeros(clients), np.zeros(clients)]
+    for c in range(classes):
+        colour = colours(c % colours.N)
+        axes[0].bar(x, original[:, c], bottom=bottoms[0], color=colour, label=f"class {c}")
+        bottoms[0] += original[:, c]
+        axes[1].bar(x, kept[:, c], bottom=bottoms[1], color=colour)
+        bottoms[1] += kept[:, c]
+        axes[1].bar(x, added[:, c], bottom=bottoms[1], color=colour, hatch="//",
+                    edgecolor="white", linewidth=0)  # fmt: skip
+        bottoms[1] += added[:, c]
+    axes[0].set_title("original train split per client")
+    axes[1].set_title("rebalanced dataset per client (hatched: augmented samples)")
+    for axis in axes:
+        axis.set_ylabel("samples")
+        axis.grid(axis="y", alpha=0.3)
+    axes[1].set_xlabel("client (partition id)")
+    axes[1].set_xticks(x)
+    if classes <= 20:
+        axes[0].legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
+    figure.suptitle(title)
+    return _save(figure, path)
+
+
+def _save(figure: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
+# --------------------------------------------------------------------- reports
+def write_report(root: Path, out: Path) -> list[Path]:
+    """Tables and plots for every completed run under ``root``."""
+    results = collect(root)
+    if not results:
+        raise FileNotFoundError(f"{root}: no completed results.json under */*/seed*/*/")
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "table.md"]
+    written[0].write_text(paper_table(results) + "\n")
+    for experiment, runs in by_key(results, lambda r: r.experiment).items():
+        title = f"{experiment}: {describe_setting(runs[0].document)}"
+        written.append(plot_accuracy_curves(runs, title, out / f"{experiment}_accuracy.png"))
+    if len({r.clients for r in results}) >= 2:
+        written.append(plot_log_ratio_vs_clients(results, out / "log_ratio_vs_clients.png"))
+    return written
+
+
+def describe_setting(document: dict[str, Any]) -> str:
+    """The settings that define a run, for plot titles."""
+    config = document["config"]
+    dataset = Path(str(config["dataset"])).name
+    return (
+        f"{dataset}, {document['run']['num_clients']} clients, alpha {config['alpha']}, "
+        f"fraction {config['fraction-train']}, E={config['local-epochs']}, "
+        f"B={config['batch-size']}"
+    )
+
+
+def class_distribution_report(run_config: dict[str, Any], clients: int, out: Path) -> Path:
+    """Figure 4 for a run config: partition as the runs do, count labels (no decoding),
+    and apply the rebalancing rule with the configured threshold."""
+    config = RunConfig.from_run_config(run_config)
+    key = PartitionKey.from_config(config, clients)
+    num_classes = federated_dataset(key).load_split("train").features["label"].num_classes
+    original = np.stack(
+        [
+            np.bincount(client_splits(key, pid)["train"]["label"], minlength=num_classes)
+            for pid in range(clients)
+        ]
+    )
+    thresholds = [class_threshold(torch.as_tensor(row), config.threshold) for row in original]
+    title = (
+        f"{Path(config.dataset).name}, {clients} clients, Dirichlet alpha {config.alpha}, "
+        f"seed {config.seed}, threshold {config.threshold}"
+    )
+    return plot_class_distribution(original, thresholds, title, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["classes"]:
+        return _classes_main(argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="fedreg-report",
+        description="Tables and plots from the runs under a results root "
+        "(or `fedreg-report classes ...` for the Figure 4 class distribution).",
+    )
+    parser.add_argument("root", type=Path, help="results root written by fedreg-experiment")
+    parser.add_argument("--out", type=Path, help="where to write (default: ROOT/report)")
+    args = parser.parse_args(argv)
+    try:
+        written = write_report(args.root, args.out or args.root / "report")
+    except FileNotFoundError as err:
+        parser.error(str(err))
+    print(written[0].read_text())
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _classes_main(argv: list[str]) -> int:
+    from fedreg_app.experiments import declared_run_config, parse_overrides  # imports us
+
+    parser = argparse.ArgumentParser(
+        prog="fedreg-report classes",
+        description="Per-client class counts, original and rebalanced (paper Figure 4).",
+    )
+    parser.add_argument("--clients", type=int, default=30, help="number of partitions")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="run-config key (repeatable), e.g. dataset-path=...")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path("class_distribution.png"))
+    args = parser.parse_args(argv)
+    declared = declared_run_config()
+    try:
+        overrides = parse_overrides(args.set)
+        unknown = sorted(set(overrides) - set(declared))
+        if unknown:
+            raise ConfigError(f"--set: keys not in [tool.flwr.app.config]: {unknown}")
+        path = class_distribution_report({**declared, **overrides}, args.clients, args.out)
+    except ConfigError as err:
+        parser.error(str(err))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Reports: the paper-layout table, the rebalancing counts of Figure 4, and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fedreg_app.experiments import declared_run_config
+from fedreg_app.reports import (
+    _mean_band,
+    class_distribution_report,
+    collect,
+    main,
+    paper_table,
+    rebalanced_counts,
+    write_report,
+)
+
+
+def fake_run(
+    root: Path,
+    experiment: str,
+    cell: str,
+    seed: int,
+    *,
+    clients: int = 20,
+    globals_: tuple[float | None, ...] = (0.5, 0.6, 0.7),
+    personals: tuple[float | None, ...] = (0.8, 0.85, 0.9),
+    status: str = "completed",
+    run: str = "run-1",
+) -> None:
+    folder = root / experiment / cell / f"seed{seed}" / run
+    folder.mkdir(parents=True)
+    rounds = [
+        {"round": k + 1, "global_accuracy": g, "personal_accuracy": p}
+        for k, (g, p) in enumerate(zip(globals_, personals, strict=True))
+    ]
+    document = {
+        "config": {"algo": cell.split("__")[0], "dataset": "zalando-datasets/fashion_mnist",
+                   "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1, "batch-size": 10},
+        "run": {"status": status, "num_clients": clients},
+        "rounds": rounds,
+        "best_global_accuracy": max(g for g in globals_ if g is not None),
+        "best_personal_accuracy": max(p for p in personals if p is not None),
+    }  # fmt: skip
+    (folder / "results.json").write_text(json.dumps(document))
+
+
+def test_collect_keeps_completed_runs_and_the_newest_per_seed(tmp_path: Path) -> None:
+    fake_run(tmp_path, "smoke", "fedreg", 0, status="failed", run="run-0")
+    fake_run(tmp_path, "smoke", "fedreg", 1, status="running")
+    fake_run(tmp_path, "smoke", "fedreg", 2, globals_=(0.1, 0.2, 0.3), run="run-a")
+    fake_run(tmp_path, "smoke", "fedreg", 2, globals_=(0.4, 0.5, 0.6), run="run-b")
+    results = collect(tmp_path)
+    assert [(r.seed, r.best_global) for r in results] == [(2, 0.6)]
+    assert results[0].algo == "fedreg" and results[0].clients == 20
+
+
+def test_paper_table_has_g_and_p_per_experiment(tmp_path: Path) -> None:
+    for seed, g in enumerate((0.80, 0.84)):
+        fake_run(tmp_path, "clients30", "fedreg", seed, globals_=(0.5, g, 0.6), clients=30)
+        fake_run(tmp_path, "clients50", "fedreg", seed, globals_=(0.5, 0.7, 0.6), clients=50)
+    fake_run(tmp_path, "clients30", "fedavg__variant-a", 0, personals=(0.5, 0.6, 0.7))
+    table = paper_table(collect(tmp_path)).splitlines()
+    assert table[0] == "| cell | clients30 G | clients30 P | clients50 G | clients50 P | seeds |"
+    assert "| fedreg | 82.00 ± 2.83 | 90.00 ± 0.00 | 70.00 ± 0.00 | 90.00 ± 0.00 | 2/2 |" in table
+    assert "| fedavg variant-a | 70.00 | 70.00 | – | – | 1/0 |" in table
+
+
+def test_mean_band_uses_rounds_every_seed_evaluated(tmp_path: Path) -> None:
+    fake_run(tmp_path, "e", "fedreg", 0, globals_=(None, 0.6, 0.8))
+    fake_run(tmp_path, "e", "fedreg", 1, globals_=(0.1, 0.4, None))
+    rounds, mean, std = _mean_band(collect(tmp_path), "global_accuracy")
+    assert rounds.tolist() == [2] and mean.tolist() == pytest.approx([50.0])
+    assert std.tolist() == pytest.approx([10.0])
+
+
+def test_rebalanced_counts_bring_present_classes_to_the_threshold() -> None:
+    original = np.array([[10, 0, 3, 7], [0, 5, 5, 0]])
+    kept, added = rebalanced_counts(original, thresholds=[6, 5])
+    assert kept.tolist() == [[6, 0, 3, 6], [0, 5, 5, 0]]
+    assert added.tolist() == [[0, 0, 3, 0], [0, 0, 0, 0]]
+    totals = kept + added
+    assert (totals[original > 0] == np.repeat([6, 5], [3, 2])).all()  # every present class = t
+    assert (totals[original == 0] == 0).all()  # absent classes stay absent
+
+
+def test_report_writes_table_curves_and_figure_7(tmp_path: Path) -> None:
+    for clients in (30, 50):
+        for cell in ("fedreg", "fedavg"):
+            fake_run(tmp_path / "runs", f"c{clients}", cell, 0, clients=clients)
+    written = write_report(tmp_path / "runs", tmp_path / "report")
+    names = sorted(p.name for p in written)
+    assert names == ["c30_accuracy.png", "c50_accuracy.png", "log_ratio_vs_clients.png",
+                     "table.md"]  # fmt: skip
+    for path in written[1:]:
+        with Image.open(path) as image:
+            assert image.format == "PNG" and image.width > 400 and image.height > 300
+
+
+def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
+    fake_run(tmp_path, "smoke", "fedreg", 0)
+    assert [p.name for p in write_report(tmp_path, tmp_path / "r")] == [
+        "table.md",
+        "smoke_accuracy.png",
+    ]
+
+
+def test_report_cli_errors_on_an_empty_root(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+
+
+def test_class_distribution_from_a_partition(grey_dataset: Path, tmp_path: Path) -> None:
+    run_config = {**declared_run_config(), "dataset-path": str(grey_dataset), "alpha": 1.0}
+    path = class_distribution_report(run_config, 4, tmp_path / "fig4.png")
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.height > 400
+    with pytest.raises(SystemExit):
+        main(["classes", "--clients", "4", "--set", "alpha=-1", "--out", "x.png"])
