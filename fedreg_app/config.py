@@ -31,6 +31,7 @@ class RunConfig:
     dataset: str = "zalando-datasets/fashion_mnist"
     dataset_path: str = ""
     alpha: float = 0.1
+    data_fraction: float = 1.0
     min_partition_size: int = 10
     fraction_train: float = 0.25
     num_server_rounds: int = 10
@@ -87,6 +88,8 @@ class RunConfig:
             _fail("algo", self.algo, f"one of {', '.join(algorithm_names())}")
         if not self.alpha > 0:
             _fail("alpha", self.alpha, "a number > 0 (Dirichlet concentration)")
+        if not 0 < self.data_fraction <= 1:
+            _fail("data-fraction", self.data_fraction, "a fraction in (0, 1]")
         if not 0 < self.fraction_train <= 1:
             _fail("fraction-train", self.fraction_train, "a fraction in (0, 1]")
         if self.head_depth not in HEAD_DEPTHS:

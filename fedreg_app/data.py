@@ -75,6 +75,7 @@ class PartitionKey:
     alpha: float
     seed: int
     min_partition_size: int
+    data_fraction: float = 1.0
 
     @classmethod
     def from_config(cls, config: RunConfig, num_partitions: int) -> PartitionKey:
@@ -86,6 +87,7 @@ class PartitionKey:
             alpha=config.alpha,
             seed=config.seed,
             min_partition_size=config.min_partition_size,
+            data_fraction=config.data_fraction,
         )
 
 
@@ -97,10 +99,14 @@ def normalise(x: torch.Tensor) -> torch.Tensor:
 class CanonicalPool:
     """flwr-datasets preprocessor: merge train+test into one pool named ``train`` and
     rename the image and label columns to ``image`` / ``label``, so that everything
-    downstream (the partitioner included) sees one schema whatever the dataset."""
+    downstream (the partitioner included) sees one schema whatever the dataset.
 
-    def __init__(self) -> None:
+    ``fraction`` < 1 keeps a seeded random subset of the pool (quick checks on a laptop);
+    the partition is then drawn from that subset as usual."""
+
+    def __init__(self, fraction: float = 1.0, seed: int = 0) -> None:
         self._merge = Merger({"train": ("train", "test")})
+        self.fraction, self.seed = fraction, seed
 
     def __call__(self, dataset: DatasetDict) -> DatasetDict:
         pool = self._merge(dataset)["train"]
@@ -110,6 +116,9 @@ class CanonicalPool:
         pool = pool.select_columns([image_column, label_column]).rename_columns(
             {old: new for old, new in renames.items() if old != new}
         )
+        if self.fraction < 1:
+            keep = max(1, round(len(pool) * self.fraction))
+            pool = pool.shuffle(seed=self.seed).select(range(keep)).flatten_indices()
         return DatasetDict({"train": pool})
 
 
@@ -135,7 +144,7 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
         }
     return FederatedDataset(
         dataset=name,
-        preprocessor=CanonicalPool(),
+        preprocessor=CanonicalPool(key.data_fraction, key.seed),
         partitioners={"train": partitioner},
         seed=key.seed,
         **load_kwargs,

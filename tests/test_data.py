@@ -10,6 +10,7 @@ import torch
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import (
     PartitionKey,
+    client_splits,
     load_client_data,
     load_info,
     load_union_test_set,
@@ -83,3 +84,19 @@ def test_impossible_min_partition_size_is_a_clear_error(grey_dataset: Path) -> N
     key = key_for(grey_dataset, num_partitions=50, **{"min-partition-size": 50})
     with pytest.raises(ConfigError, match="min-partition-size"):
         load_client_data(key, 0)
+
+
+def test_data_fraction_keeps_a_seeded_subset_of_the_pool(grey_dataset: Path) -> None:
+    def total(key: PartitionKey) -> int:
+        return sum(len(client_splits(key, pid)["train"]) + len(client_splits(key, pid)["test"])
+                   for pid in range(2))  # fmt: skip
+
+    full = key_for(grey_dataset, num_partitions=2, alpha=100.0)
+    quarter = key_for(grey_dataset, num_partitions=2, alpha=100.0, **{"data-fraction": 0.25})
+    assert total(full) == 400 and total(quarter) == 100  # 300 train + 100 test pooled
+    again = load_client_data(quarter, 0)
+    load_client_data.cache_clear()
+    client_splits.cache_clear()
+    assert torch.equal(load_client_data(quarter, 0).train.y, again.train.y)
+    with pytest.raises(ConfigError, match="data-fraction=1.5"):
+        RunConfig.from_run_config({"data-fraction": 1.5})
