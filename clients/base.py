@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -51,6 +52,9 @@ class ClientSetup:
     info: DatasetInfo
     data: ClientData
     state: RecordDict = field(repr=False)
+    #: Folder for this partitioning's expensive derived data (decoded partition, FedReG's
+    #: rebalanced set) when the node has a ``state-dir``; None keeps them in memory only.
+    cache: Path | None = None
 
 
 @dataclass

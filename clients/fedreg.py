@@ -104,12 +104,15 @@ class FedReGClient(ClientProcedure):
 
     def rebalanced(self) -> RebalancedData:
         cfg = self.config
+        seed = int(np.random.SeedSequence([cfg.seed, self.data.partition_id]).generate_state(1)[0])
+        name = f"rebalanced-{self.data.partition_id}-{cfg.threshold}-{cfg.augment}-{seed}.npz"
         return cached_rebalanced(
             self.data.train,
             self.setup.info.num_classes,
             cfg.threshold,
             cfg.augment,
-            int(np.random.SeedSequence([cfg.seed, self.data.partition_id]).generate_state(1)[0]),
+            seed,
+            disk=self.setup.cache / name if self.setup.cache else None,
         )
 
     def effective_samples(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from torchvision.transforms import v2
 
 from fedreg_app.config import threshold_statistic_or_count
 from fedreg_app.data import TensorData
+from fedreg_app.persist import load_arrays, save_arrays
 
 
 @dataclass(frozen=True)
@@ -124,11 +126,42 @@ _CACHE: weakref.WeakKeyDictionary[TensorData, dict[tuple, RebalancedData]] = (
 
 
 def cached_rebalanced(
-    train: TensorData, num_classes: int, threshold: str, augment: str, seed: int
+    train: TensorData,
+    num_classes: int,
+    threshold: str,
+    augment: str,
+    seed: int,
+    disk: Path | None = None,
 ) -> RebalancedData:
-    """Per-process cache: a client's rebalanced set is built once, not every round."""
+    """Per-process cache: a client's rebalanced set is built once, not every round. With
+    ``disk`` (a file under the node's ``state-dir``) it is also kept across processes, so
+    a deployed client, which gets a fresh process per message, augments only once."""
     built = _CACHE.setdefault(train, {})
     key = (num_classes, threshold, augment, seed)
     if key not in built:
-        built[key] = build_rebalanced(train, num_classes, threshold, augment, seed)
+        if disk is not None and disk.exists():
+            built[key] = _from_arrays(load_arrays(disk))
+        else:
+            built[key] = build_rebalanced(train, num_classes, threshold, augment, seed)
+            if disk is not None:
+                save_arrays(disk, _to_arrays(built[key]))
     return built[key]
+
+
+def _to_arrays(data: RebalancedData) -> dict[str, np.ndarray]:
+    return {
+        "x": data.data.x.numpy(),
+        "y": data.data.y.numpy(),
+        "augmented": data.augmented.numpy(),
+        "threshold": np.asarray(data.threshold),
+        "effective_samples": np.asarray(data.effective_samples),
+    }
+
+
+def _from_arrays(arrays: dict[str, np.ndarray]) -> RebalancedData:
+    return RebalancedData(
+        data=TensorData(x=torch.from_numpy(arrays["x"]), y=torch.from_numpy(arrays["y"])),
+        augmented=torch.from_numpy(arrays["augmented"]),
+        threshold=int(arrays["threshold"]),
+        effective_samples=int(arrays["effective_samples"]),
+    )

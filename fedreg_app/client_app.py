@@ -3,7 +3,12 @@ then hands the message to the algorithm's client procedure."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -15,39 +20,92 @@ from clients.base import (
     ClientProcedure,
     ClientSetup,
 )
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.data import PartitionKey, load_client_data, load_info
+from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
+from fedreg_app.data import PartitionKey, data_cache_folder, node_data
+from fedreg_app.persist import DiskState, record_ids
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import get_algorithm
-from strategies.base import ARRAYS, CONFIG, METRICS, SERVER_ROUND
+from strategies.base import ARRAYS, CONFIG, METRICS, SERVER_ROUND, STATE_KEY
 
 NUM_PARTITIONS = "num-partitions"
+DATASET_PATH = "dataset-path"
+STATE_DIR = "state-dir"
 
 app = ClientApp()
 
 
+@dataclass(frozen=True)
+class NodeSettings:
+    """What a node says about itself through ``--node-config`` (or the simulation)."""
+
+    partition_id: int
+    num_partitions: int
+    dataset_path: str = ""  # the device's own copy; overrides the run config's
+    state_dir: str = ""  # where private state and decoded data survive restarts
+
+    @classmethod
+    def from_context(cls, context: Context) -> NodeSettings:
+        node = context.node_config
+        try:
+            partition_id, num_partitions = int(node[PARTITION_ID]), int(node[NUM_PARTITIONS])
+        except KeyError as err:
+            raise ConfigError(
+                f"node config lacks {err.args[0]!r}: start the SuperNode with "
+                '--node-config "partition-id=<i> num-partitions=<N>"'
+            ) from err
+        if not 0 <= partition_id < num_partitions:
+            raise ConfigError(
+                f"partition-id={partition_id} is not allowed: expected 0..{num_partitions - 1}"
+            )
+        return cls(
+            partition_id,
+            num_partitions,
+            str(node.get(DATASET_PATH, "")),
+            str(node.get(STATE_DIR, "")),
+        )
+
+
 def node_partition(context: Context) -> tuple[int, int]:
-    """(partition-id, num-partitions) from the node config (set by the simulation
-    engine, or by ``--node-config`` on a SuperNode)."""
-    try:
-        return int(context.node_config[PARTITION_ID]), int(context.node_config[NUM_PARTITIONS])
-    except KeyError as err:
-        raise ConfigError(
-            f"node config lacks {err.args[0]!r}: start the SuperNode with "
-            '--node-config "partition-id=<i> num-partitions=<N>"'
-        ) from err
+    """(partition-id, num-partitions) from the node config."""
+    node = NodeSettings.from_context(context)
+    return node.partition_id, node.num_partitions
+
+
+def state_dir_of(node: NodeSettings, config: RunConfig) -> Path | None:
+    """The node's own ``state-dir``, else the run config's (simulation: one machine)."""
+    folder = node.state_dir or config.state_dir
+    return Path(folder).expanduser().resolve() if folder else None
 
 
 def client_setup(context: Context) -> ClientSetup:
     config = RunConfig.from_run_config(context.run_config)
-    partition_id, num_partitions = node_partition(context)
-    key = PartitionKey.from_config(config, num_partitions)
-    return ClientSetup(
-        config=config,
-        info=load_info(key),
-        data=load_client_data(key, partition_id),
-        state=context.state,
-    )
+    node = NodeSettings.from_context(context)
+    if node.dataset_path:
+        check_dataset_path(node.dataset_path)
+        config = dataclasses.replace(config, dataset_path=node.dataset_path)
+    key = PartitionKey.from_config(config, node.num_partitions)
+    state_dir = state_dir_of(node, config)
+    cache = data_cache_folder(state_dir, key) if state_dir else None
+    info, data = node_data(key, node.partition_id, cache)
+    return ClientSetup(config=config, info=info, data=data, state=context.state, cache=cache)
+
+
+@contextmanager
+def persistent_state(msg: Message, context: Context, setup: ClientSetup) -> Iterator[None]:
+    """With a state dir, restore the node's private records before the procedure runs and
+    write back what it changed; without one, ``context.state`` is all there is."""
+    state_dir = state_dir_of(NodeSettings.from_context(context), setup.config)
+    if state_dir is None:
+        yield
+        return
+    # The ServerApp names the run's state (the same across a server resume, which gets a
+    # new Flower run id), so personalization carries over.
+    state_key = str(msg.content[CONFIG].get(STATE_KEY) or context.run_id)
+    disk = DiskState(state_dir / "runs" / state_key / f"partition-{setup.data.partition_id}")
+    disk.restore(context.state)
+    before = record_ids(context.state)
+    yield
+    disk.persist(context.state, before)
 
 
 @app.query()
@@ -58,9 +116,8 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
 
-def procedure_for(msg: Message, context: Context) -> tuple[ClientProcedure, dict, int]:
+def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, dict, int]:
     """The algorithm's client procedure for this node, the server's arrays and the round."""
-    setup = client_setup(context)
     procedure = get_algorithm(setup.config.algo).client(setup)
     return procedure, from_record(msg.content[ARRAYS]), int(msg.content[CONFIG][SERVER_ROUND])
 
@@ -82,9 +139,11 @@ def timings(received: float, computed: float) -> dict[str, float]:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     received = time.perf_counter()
-    procedure, arrays, server_round = procedure_for(msg, context)
-    started = time.perf_counter()
-    result = procedure.train(arrays, server_round)
+    setup = client_setup(context)
+    with persistent_state(msg, context, setup):
+        procedure, arrays, server_round = procedure_for(setup, msg)
+        started = time.perf_counter()
+        result = procedure.train(arrays, server_round)
     payload = to_record(result.arrays)
     seconds = timings(received, time.perf_counter() - started)
     return reply(msg, procedure, result.metrics, seconds, **{ARRAYS: payload})
@@ -93,8 +152,10 @@ def train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     received = time.perf_counter()
-    procedure, arrays, server_round = procedure_for(msg, context)
-    started = time.perf_counter()
-    metrics = procedure.evaluate(arrays, server_round)
+    setup = client_setup(context)
+    with persistent_state(msg, context, setup):
+        procedure, arrays, server_round = procedure_for(setup, msg)
+        started = time.perf_counter()
+        metrics = procedure.evaluate(arrays, server_round)
     seconds = timings(received, time.perf_counter() - started)
     return reply(msg, procedure, metrics, seconds)

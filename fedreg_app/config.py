@@ -46,6 +46,10 @@ class RunConfig:
     eval_every: int = 1
     results_dir: str = "results"
     device: str = "auto"
+    state_dir: str = ""
+    resume: str = ""
+    min_train_replies: int = 1
+    reply_timeout: float = 0.0
     # Every run-config key as given, so that an algorithm reads its own options
     # (e.g. ``prox-mu``) with :meth:`option` without this class listing them all.
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
@@ -105,9 +109,12 @@ class RunConfig:
             ("batch-size", self.batch_size, 1),
             ("eval-every", self.eval_every, 1),
             ("min-partition-size", self.min_partition_size, 2),
+            ("min-train-replies", self.min_train_replies, 1),
         ):
             if value < minimum:
                 _fail(key, value, f"an integer >= {minimum}")
+        if not self.reply_timeout >= 0:
+            _fail("reply-timeout", self.reply_timeout, "seconds >= 0 (0: wait for every reply)")
         if not self.lr > 0:
             _fail("lr", self.lr, "a number > 0")
         if not 0 <= self.momentum < 1:

@@ -9,6 +9,7 @@ test splits. Images are decoded once per process and kept as ``uint8`` tensors
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -24,6 +25,7 @@ from flwr_datasets.preprocessor import Merger
 from PIL import Image
 
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
+from fedreg_app.persist import digest, load_arrays, load_json, save_arrays, save_json
 
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "fine_label")
@@ -233,3 +235,39 @@ def load_union_test_set(key: PartitionKey) -> TensorData:
     Only the test splits are decoded: this is the ServerApp's copy."""
     parts = [_to_tensors(client_splits(key, pid)["test"]) for pid in range(key.num_partitions)]
     return TensorData(x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]))
+
+
+def data_cache_folder(state_dir: Path, key: PartitionKey) -> Path:
+    """Where a node keeps the decoded data of one partitioning (any run may reuse it)."""
+    return state_dir / "data" / digest(*dataclasses.astuple(key))
+
+
+def node_data(
+    key: PartitionKey, partition_id: int, cache: Path | None
+) -> tuple[DatasetInfo, ClientData]:
+    """Dataset info and this node's decoded partition. With a ``cache`` folder (a node's
+    ``state-dir``) both are read from disk after the first time: a fresh process per
+    message (deployment) neither reloads the dataset nor decodes images again."""
+    if cache is None:
+        return load_info(key), load_client_data(key, partition_id)
+    info_path, data_path = cache / "info.json", cache / f"partition-{partition_id}.npz"
+    if info_path.exists():
+        info = DatasetInfo(**load_json(info_path))
+    else:
+        info = load_info(key)
+        save_json(info_path, dataclasses.asdict(info))
+    if data_path.exists():
+        arrays = {k: torch.from_numpy(v) for k, v in load_arrays(data_path).items()}
+        data = ClientData(
+            partition_id,
+            TensorData(arrays["train_x"], arrays["train_y"]),
+            TensorData(arrays["test_x"], arrays["test_y"]),
+        )
+    else:
+        data = load_client_data(key, partition_id)
+        save_arrays(
+            data_path,
+            {"train_x": data.train.x.numpy(), "train_y": data.train.y.numpy(),
+             "test_x": data.test.x.numpy(), "test_y": data.test.y.numpy()},
+        )  # fmt: skip
+    return info, data

@@ -83,6 +83,25 @@ class ResultsWriter:
         self.rounds: list[RoundRecord] = []
         self._write()
 
+    @classmethod
+    def resume(
+        cls, folder: Path, config: dict[str, Any], run: dict[str, Any], after_round: int
+    ) -> ResultsWriter:
+        """Continue a run folder: its rounds up to the checkpoint's are kept (a round
+        written after the last checkpoint is dropped, to be run again)."""
+        document = json.loads((folder / "results.json").read_text())
+        writer = cls.__new__(cls)
+        writer.folder, writer.config = folder, config
+        resumes = [*document["run"].get("resumed", []), {
+            "run_id": run["run_id"], "after_round": after_round,
+            "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }]  # fmt: skip
+        writer.run = {**document["run"], **run, "status": "running", "resumed": resumes}
+        writer.run["run_id"] = document["run"]["run_id"]  # the first run's id names the folder
+        writer.rounds = [RoundRecord(**r) for r in document["rounds"][:after_round]]
+        writer._write()
+        return writer
+
     @property
     def json_path(self) -> Path:
         return self.folder / "results.json"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
 from flwr.app import (
@@ -33,6 +33,7 @@ from clients.base import (
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
 )
+from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.client_app import NUM_PARTITIONS
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, TensorData, load_info, load_union_test_set
@@ -48,6 +49,30 @@ DISCOVERY_TIMEOUT_S = 600.0
 app = ServerApp()
 
 
+def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, tuple[int, int]]:
+    """Ask nodes which partition they serve: {node id: (partition id, num-partitions)}.
+    A node that fails to answer is left out (it may have just gone away)."""
+    if not nodes:
+        return {}
+    queries = [Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
+    answers = {}
+    for reply in grid.send_and_receive(queries, timeout=60):
+        if reply.has_error():
+            log(
+                WARNING,
+                "node %d did not answer: %s",
+                reply.metadata.src_node_id,
+                reply.error.reason,
+            )
+            continue
+        metrics = reply.content[METRICS]
+        answers[reply.metadata.src_node_id] = (
+            int(metrics[PARTITION_ID]),
+            int(metrics[NUM_PARTITIONS]),
+        )
+    return answers
+
+
 def discover_partitions(
     grid: Grid, timeout: float = DISCOVERY_TIMEOUT_S
 ) -> tuple[dict[int, int], int]:
@@ -59,19 +84,12 @@ def discover_partitions(
     deadline = time.monotonic() + timeout
     while True:
         new_nodes = [n for n in grid.get_node_ids() if n not in asked]
-        queries = [
-            Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in new_nodes
-        ]
-        for reply in grid.send_and_receive(queries, timeout=60) if queries else []:
-            if reply.has_error():
-                raise ConfigError(f"node {reply.metadata.src_node_id}: {reply.error.reason}")
-            metrics = reply.content[METRICS]
-            pid, count = int(metrics[PARTITION_ID]), int(metrics[NUM_PARTITIONS])
+        for node, (pid, count) in query_nodes(grid, new_nodes).items():
             if num_partitions and count != num_partitions:
                 raise ConfigError(f"nodes disagree on num-partitions: {num_partitions} and {count}")
             num_partitions = count
-            partition_nodes[pid] = reply.metadata.src_node_id
-            asked.add(reply.metadata.src_node_id)
+            partition_nodes[pid] = node
+            asked.add(node)
         if num_partitions and len(partition_nodes) >= num_partitions:
             return partition_nodes, num_partitions
         if time.monotonic() > deadline:
@@ -79,6 +97,23 @@ def discover_partitions(
                 f"only partitions {sorted(partition_nodes)} of {num_partitions} have a node"
             )
         time.sleep(1.0)
+
+
+def refresh_partitions(grid: Grid, strategy: PersonalizedStrategy) -> None:
+    """Before a round: forget partitions whose node is gone, and map partitions of nodes
+    that (re)connected, so that sampling skips devices that dropped out and uses a device
+    again when it comes back (with a new node id)."""
+    live = set(grid.get_node_ids())
+    for pid, node in list(strategy.partition_nodes.items()):
+        if node not in live:
+            log(WARNING, "partition %d: node %d is gone; skipped until it returns", pid, node)
+            strategy.forget_partition(pid)
+    known = set(strategy.partition_nodes.values())
+    for node, (pid, count) in query_nodes(grid, sorted(live - known)).items():
+        if count != strategy.num_partitions or pid in strategy.partition_nodes:
+            continue  # another federation's node, or a duplicate of a served partition
+        log(INFO, "partition %d: served by node %d", pid, node)
+        strategy.partition_nodes[pid] = node
 
 
 def global_accuracy(
@@ -119,13 +154,14 @@ class Exchange:
     seconds: float
 
 
-def exchange(grid: Grid, messages: Iterable[Message]) -> Exchange:
-    """Send and wait for the replies; count the arrays' bytes in both directions."""
+def exchange(grid: Grid, messages: Iterable[Message], timeout: float = 0.0) -> Exchange:
+    """Send and wait for the replies (at most ``timeout`` seconds when > 0; a node that
+    died is answered with an error by Flower); count the arrays' bytes both ways."""
     started = time.perf_counter()
     messages = list(messages)
     if not messages:
         return Exchange([], 0, 0, 0.0)
-    replies = list(grid.send_and_receive(messages))
+    replies = list(grid.send_and_receive(messages, timeout=timeout or None))
     received = payload_bytes(r for r in replies if not r.has_error())
     return Exchange(replies, payload_bytes(messages), received, time.perf_counter() - started)
 
@@ -137,12 +173,16 @@ def run_rounds(
     model: SplitModel,
     test_set: TensorData,
     writer: ResultsWriter,
+    arrays: ArrayRecord,
+    first_round: int = 1,
 ) -> ArrayRecord:
-    arrays = to_record(model.group_state(BASE, HEAD_G, EXTRA))
-    for server_round in range(1, config.num_server_rounds + 1):
+    for server_round in range(first_round, config.num_server_rounds + 1):
         started = time.perf_counter()
+        refresh_partitions(grid, strategy)
         training = exchange(
-            grid, strategy.configure_train(server_round, arrays, ConfigRecord(), grid)
+            grid,
+            strategy.configure_train(server_round, arrays, ConfigRecord(), grid),
+            config.reply_timeout,
         )
         aggregated, train_metrics = strategy.aggregate_train(server_round, training.replies)
         if aggregated is not None:
@@ -155,7 +195,9 @@ def run_rounds(
         global_acc, server_eval_seconds = None, 0.0
         if config.is_eval_round(server_round):
             evaluation = exchange(
-                grid, strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+                grid,
+                strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid),
+                config.reply_timeout,
             )
             personal = dict(strategy.aggregate_evaluate(server_round, evaluation.replies) or {})
             evaluated = time.perf_counter()
@@ -175,8 +217,27 @@ def run_rounds(
         record.bytes_to_clients = training.bytes_sent + evaluation.bytes_sent
         record.bytes_from_clients = training.bytes_received + evaluation.bytes_received
         writer.add(record)
+        save_checkpoint(writer.folder, server_round, arrays, strategy, config)
         log(INFO, "%s", round_line(record, config.num_server_rounds))
     return arrays
+
+
+def save_checkpoint(
+    folder: Path,
+    server_round: int,
+    arrays: ArrayRecord,
+    strategy: PersonalizedStrategy,
+    config: RunConfig,
+) -> None:
+    strategy_arrays, strategy_state = strategy.state_dict()
+    Checkpoint(
+        round=server_round,
+        model=from_record(arrays),
+        strategy_arrays=strategy_arrays,
+        strategy_state=strategy_state,
+        state_key=strategy.state_key,
+        run_config=config.to_run_config(),
+    ).save(folder)
 
 
 def round_record(
@@ -226,6 +287,10 @@ def round_line(record: RoundRecord, num_rounds: int) -> str:
 def main(grid: Grid, context: Context) -> None:
     config = RunConfig.from_run_config(context.run_config)  # fails fast on bad input
     strategy = get_algorithm(config.algo).strategy(config)  # checks the algorithm's keys
+    checkpoint, resumed_folder = None, None
+    if config.resume:
+        checkpoint, resumed_folder = Checkpoint.load(Path(config.resume))
+        checkpoint.check_compatible(config)
     partition_nodes, num_partitions = discover_partitions(grid)
     strategy.set_partitions(partition_nodes, num_partitions)
     key = PartitionKey.from_config(config, num_partitions)
@@ -234,22 +299,29 @@ def main(grid: Grid, context: Context) -> None:
     model = build_model(info, config.head_depth, config.seed).to(select_device(config.device))
     strategy.prepare_model(model)
 
-    writer = ResultsWriter(
-        run_folder(config, context.run_id),
-        config.to_run_config(),
-        {
-            "run_id": context.run_id,
-            "algo": config.algo,
-            "num_clients": num_partitions,
-            "num_classes": info.num_classes,
-            "image_shape": [info.channels, info.height, info.width],
-            "global_test_size": len(test_set),
-        },
-    )
+    run_info = {
+        "run_id": context.run_id,
+        "algo": config.algo,
+        "num_clients": num_partitions,
+        "num_classes": info.num_classes,
+        "image_shape": [info.channels, info.height, info.width],
+        "global_test_size": len(test_set),
+    }
+    if checkpoint is None:
+        writer = ResultsWriter(run_folder(config, context.run_id), config.to_run_config(), run_info)
+        strategy.state_key = writer.folder.name
+        arrays, first_round = to_record(model.group_state(BASE, HEAD_G, EXTRA)), 1
+    else:
+        writer = ResultsWriter.resume(resumed_folder, config.to_run_config(), run_info,
+                                      checkpoint.round)  # fmt: skip
+        strategy.load_state_dict(checkpoint.strategy_arrays, checkpoint.strategy_state)
+        strategy.state_key = checkpoint.state_key
+        arrays, first_round = to_record(checkpoint.model), checkpoint.round + 1
+        log(INFO, "resuming %s after round %d", writer.folder, checkpoint.round)
     log(INFO, "%s on %d clients; results in %s", config.algo, num_partitions, writer.folder)
     strategy.summary()
     try:
-        run_rounds(grid, config, strategy, model, test_set, writer)
+        run_rounds(grid, config, strategy, model, test_set, writer, arrays, first_round)
     except BaseException:
         writer.finish("failed")
         raise

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ ARRAYS = "arrays"
 METRICS = "metrics"
 CONFIG = "config"
 SERVER_ROUND = "server-round"
+STATE_KEY = "state-key"  # names the clients' on-disk state of this run
 
 
 def sample_size(num_clients: int, fraction: float) -> int:
@@ -101,6 +103,8 @@ class PersonalizedStrategy(Strategy):
         self.num_partitions = 0
         self.last_sampled: list[int] = []
         self._current: dict[str, np.ndarray] = {}
+        #: Names the clients' on-disk state for this run (set by the ServerApp).
+        self.state_key = ""
 
     # -------------------------------------------------------------- clients
     def set_partitions(self, partition_nodes: Mapping[int, int], num_partitions: int) -> None:
@@ -108,11 +112,28 @@ class PersonalizedStrategy(Strategy):
         self.partition_nodes = dict(partition_nodes)
         self.num_partitions = num_partitions
 
+    def forget_partition(self, partition_id: int) -> None:
+        """Its node is gone: no messages for it until a node serves it again."""
+        self.partition_nodes.pop(partition_id, None)
+
     def sample_partitions(self) -> list[int]:
-        """This round's clients: a seeded draw without replacement over all partitions."""
-        k = sample_size(self.num_partitions, self.config.fraction_train)
-        chosen = self.sampling_rng.choice(self.num_partitions, size=k, replace=False)
+        """This round's clients: a seeded draw without replacement over the partitions that
+        have a node now (all of them unless devices dropped out)."""
+        available = sorted(self.partition_nodes)
+        if not available:
+            return []
+        k = min(sample_size(self.num_partitions, self.config.fraction_train), len(available))
+        chosen = self.sampling_rng.choice(available, size=k, replace=False)
         return sorted(int(p) for p in chosen)
+
+    # ---------------------------------------------------------- checkpoint
+    def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """What a checkpoint must hold to continue exactly: arrays, and JSON-able state
+        (here the sampling generator's, so a resumed run samples the same clients)."""
+        return {}, {"sampling_rng": self.sampling_rng.bit_generator.state}
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
+        self.sampling_rng.bit_generator.state = state["sampling_rng"]
 
     def _messages(
         self, partitions: Iterable[int], record: RecordDict, message_type: str
@@ -152,6 +173,7 @@ class PersonalizedStrategy(Strategy):
         self._current = from_record(arrays)
         self.last_sampled = self.sample_partitions()
         config[SERVER_ROUND] = server_round
+        config[STATE_KEY] = self.state_key
         record = RecordDict({ARRAYS: to_record(self.arrays_to_send(self._current)), CONFIG: config})
         return self._messages(self.last_sampled, record, MessageType.TRAIN)
 
@@ -159,7 +181,15 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         valid = _valid_replies(replies, "train")
-        if not valid:
+        if len(valid) < self.config.min_train_replies:
+            log(
+                WARNING,
+                "round %d: %d training results, fewer than min-train-replies=%d; the global "
+                "model is kept as it was",
+                server_round,
+                len(valid),
+                self.config.min_train_replies,
+            )
             return None, None
         updates = [(from_record(msg.content[ARRAYS]), dict(msg.content[METRICS])) for msg in valid]
         merged = {**self._current, **self.aggregate_updates(server_round, updates)}
@@ -185,6 +215,7 @@ class PersonalizedStrategy(Strategy):
         if not self.config.is_eval_round(server_round):
             return []
         config[SERVER_ROUND] = server_round
+        config[STATE_KEY] = self.state_key
         sent = to_record(self.arrays_to_send(from_record(arrays)))
         record = RecordDict({ARRAYS: sent, CONFIG: config})
         return self._messages(sorted(self.partition_nodes), record, MessageType.EVALUATE)

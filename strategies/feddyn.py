@@ -8,6 +8,8 @@ h starts at zero and is the strategy's state. alpha = ``dyn-alpha`` (0.01).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from fedreg_app.config import RunConfig
@@ -19,6 +21,14 @@ class FedDynStrategy(PersonalizedStrategy):
         super().__init__(config)
         self.alpha = float(config.option("dyn-alpha", 0.01))
         self.h: dict[str, np.ndarray] = {}
+
+    def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, state = super().state_dict()
+        return {**arrays, **self.h}, state
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
+        super().load_state_dict(arrays, state)
+        self.h = dict(arrays)
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
         new_global = {}

@@ -113,3 +113,37 @@ def test_bad_config_fails_before_training(
     )
     assert "alpha=-1.0 is not allowed" in log, log[-3000:]
     assert not results_dir.exists()
+
+
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(
+    superlink: LocalSuperLink, grey_dataset: Path, tmp_path: Path
+) -> None:
+    """Stop after round 2 (a completed 2-round run stands in for the interruption), resume
+    from its checkpoint to round 3: the same numbers as 3 rounds in one go. Client state is
+    on disk (``state-dir``), so FedReG's private heads carry over the restart."""
+    common = (
+        f"algo='fedreg' dataset-path='{grey_dataset}' local-epochs=1 fraction-train=0.5 "
+        "min-partition-size=5 seed=11"
+    )
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    whole_state, part_state = tmp_path / "state-whole", tmp_path / "state-part"
+    flwr_run(
+        superlink, f"{common} num-server-rounds=3 results-dir='{whole}' state-dir='{whole_state}'"
+    )
+    flwr_run(
+        superlink, f"{common} num-server-rounds=2 results-dir='{part}' state-dir='{part_state}'"
+    )
+    [run_folder] = list(part.glob("*/"))
+    assert json.loads((run_folder / "checkpoint" / "state.json").read_text())["round"] == 2
+    resume = f"state-dir='{part_state}' resume='{run_folder}'"
+    log = flwr_run(superlink, f"{common} num-server-rounds=3 results-dir='{part}' {resume}")
+    assert "resuming" in log, log[-3000:]
+    expected, resumed = results_of(whole), results_of(part)
+    assert resumed["run"]["status"] == "completed" and len(resumed["rounds"]) == 3
+    assert resumed["run"]["resumed"][0]["after_round"] == 2
+    for a, b in zip(expected["rounds"], resumed["rounds"], strict=True):
+        assert a["sampled_clients"] == b["sampled_clients"]
+        assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-6)
+        assert a["personal_accuracy"] == pytest.approx(b["personal_accuracy"], abs=1e-6)
+    heads = list((tmp_path / "state-part" / "runs").glob("*/partition-*/head_p.npz"))
+    assert heads  # the private heads lived on disk, where the resumed run found them

@@ -1,0 +1,158 @@
+"""State that outlives a process: node state and data caches on disk, the server's
+checkpoint and resume, sampling when devices drop out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import RecordDict
+
+from clients.rebalance import _CACHE, cached_rebalanced
+from fedreg_app import data as data_module
+from fedreg_app.checkpoint import Checkpoint
+from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.data import PartitionKey, data_cache_folder, node_data
+from fedreg_app.metrics import ResultsWriter, RoundRecord
+from fedreg_app.persist import DiskState, load_arrays, record_ids, save_arrays
+from fedreg_app.records import from_record, to_record
+from strategies.fedavg import FedAvgStrategy
+from strategies.feddyn import FedDynStrategy
+from tests.test_clients import tensors
+
+
+def test_arrays_round_trip_and_pickles_are_refused(tmp_path: Path) -> None:
+    arrays = {"base.0.weight": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.asarray(3)}
+    save_arrays(tmp_path / "a.npz", arrays)
+    loaded = load_arrays(tmp_path / "a.npz")
+    assert loaded.keys() == arrays.keys() and all(
+        np.array_equal(loaded[k], arrays[k]) for k in arrays
+    )
+    np.savez(tmp_path / "evil.npz", x=np.array([{"code": 1}], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        load_arrays(tmp_path / "evil.npz")
+    assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_disk_state_restores_missing_records_and_writes_only_changed_ones(tmp_path: Path) -> None:
+    disk = DiskState(tmp_path / "partition-3")
+    state = RecordDict({"head_p": to_record({"head_p.w": np.ones(3, np.float32)})})
+    before = record_ids(state)
+    state["ditto-personal"] = to_record({"base.w": np.zeros(2, np.float32)})
+    assert disk.persist(state, before) == ["ditto-personal"]  # head_p did not change
+    state["head_p"] = to_record({"head_p.w": np.full(3, 2.0, np.float32)})
+    assert disk.persist(state, {"ditto-personal": id(state["ditto-personal"])}) == ["head_p"]
+
+    fresh = RecordDict()  # a restarted node
+    assert sorted(disk.restore(fresh)) == ["ditto-personal", "head_p"]
+    assert np.array_equal(from_record(fresh["head_p"])["head_p.w"], np.full(3, 2.0))
+    newer = RecordDict({"head_p": to_record({"head_p.w": np.zeros(3, np.float32)})})
+    assert disk.restore(newer) == ["ditto-personal"]  # memory wins where it has the record
+    assert np.array_equal(from_record(newer["head_p"])["head_p.w"], np.zeros(3))
+
+
+def test_node_data_is_decoded_once_then_read_from_disk(
+    grey_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = RunConfig.from_run_config({"dataset-path": str(grey_dataset), "min-partition-size": 5})
+    key = PartitionKey.from_config(config, 3)
+    cache = data_cache_folder(tmp_path, key)
+    info, first = node_data(key, 1, cache)
+
+    def no_decoding(*args):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(data_module, "load_client_data", no_decoding)
+    monkeypatch.setattr(data_module, "load_info", no_decoding)
+    info_again, again = node_data(key, 1, cache)
+    assert info_again == info
+    assert torch.equal(again.train.x, first.train.x) and torch.equal(again.test.y, first.test.y)
+    other = PartitionKey.from_config(RunConfig.from_run_config({**config.extra, "seed": 1}), 3)
+    assert data_cache_folder(tmp_path, other) != cache  # another partitioning, another folder
+
+
+def test_rebalanced_set_is_reused_from_disk(tmp_path: Path) -> None:
+    train = tensors([30, 4, 0, 9], seed=1)
+    path = tmp_path / "rebalanced.npz"
+    built = cached_rebalanced(train, 4, "mean", "simple", 5, disk=path)
+    _CACHE.clear()  # a new process
+    loaded = cached_rebalanced(train, 4, "mean", "simple", 5, disk=path)
+    assert loaded is not built and torch.equal(loaded.data.x, built.data.x)
+    assert torch.equal(loaded.augmented, built.augmented)
+    assert (loaded.threshold, loaded.effective_samples) == (
+        built.threshold,
+        built.effective_samples,
+    )
+
+
+def test_sampling_continues_identically_after_a_checkpoint(tmp_path: Path) -> None:
+    config = RunConfig(seed=3, fraction_train=0.3)
+    uninterrupted = FedAvgStrategy(config)
+    uninterrupted.set_partitions({p: p for p in range(10)}, 10)
+    expected = [uninterrupted.sample_partitions() for _ in range(4)]
+
+    first = FedAvgStrategy(config)
+    first.set_partitions({p: p for p in range(10)}, 10)
+    done = [first.sample_partitions() for _ in range(2)]
+    arrays, state = first.state_dict()
+    state = json.loads(json.dumps(state))  # as stored in state.json
+    resumed = FedAvgStrategy(config)
+    resumed.set_partitions({p: p for p in range(10)}, 10)
+    resumed.load_state_dict(arrays, state)
+    assert done + [resumed.sample_partitions() for _ in range(2)] == expected
+
+
+def test_sampling_skips_partitions_whose_node_is_gone() -> None:
+    strategy = FedAvgStrategy(RunConfig(seed=0, fraction_train=0.5))
+    strategy.set_partitions({p: 100 + p for p in range(6)}, 6)
+    strategy.forget_partition(2)
+    strategy.forget_partition(4)
+    for _ in range(20):
+        sampled = strategy.sample_partitions()
+        assert len(sampled) == 3 and not {2, 4} & set(sampled)
+    strategy.partition_nodes[2] = 999  # the device came back with a new node id
+    assert any(2 in strategy.sample_partitions() for _ in range(20))
+
+
+def test_feddyn_state_survives_a_checkpoint(tmp_path: Path) -> None:
+    strategy = FedDynStrategy(RunConfig(algo="feddyn"))
+    strategy.h = {"base.w": np.array([0.5, -1.0], np.float32)}
+    arrays, state = strategy.state_dict()
+    checkpoint = Checkpoint(4, {"base.w": np.zeros(2, np.float32)}, arrays, state, "key",
+                            RunConfig(algo="feddyn").to_run_config())  # fmt: skip
+    checkpoint.save(tmp_path)
+    loaded, run_folder = Checkpoint.load(tmp_path)
+    assert run_folder == tmp_path.resolve() and loaded.round == 4 and loaded.state_key == "key"
+    restored = FedDynStrategy(RunConfig(algo="feddyn"))
+    restored.load_state_dict(loaded.strategy_arrays, loaded.strategy_state)
+    assert np.array_equal(restored.h["base.w"], strategy.h["base.w"])
+
+
+def test_resume_must_be_the_same_experiment(tmp_path: Path) -> None:
+    made_with = RunConfig(algo="fedreg", alpha=0.1, num_server_rounds=5)
+    checkpoint = Checkpoint(3, {}, {}, {}, "k", made_with.to_run_config())
+    checkpoint.check_compatible(RunConfig(algo="fedreg", alpha=0.1, num_server_rounds=8))
+    with pytest.raises(ConfigError, match="alpha=0.5 is not allowed.*alpha=0.1"):
+        checkpoint.check_compatible(RunConfig(algo="fedreg", alpha=0.5, num_server_rounds=8))
+    with pytest.raises(ConfigError, match="num-server-rounds=3"):
+        checkpoint.check_compatible(RunConfig(algo="fedreg", alpha=0.1, num_server_rounds=3))
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        Checkpoint.load(tmp_path / "nowhere")
+
+
+def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -> None:
+    writer = ResultsWriter(tmp_path / "run", {"algo": "fedreg"}, {"run_id": 7})
+    for k in (1, 2, 3):
+        writer.add(RoundRecord(k, 0.1 * k, 0.2 * k, 0.0, 1.0, 1.0, 10))
+    writer.finish("failed")
+    resumed = ResultsWriter.resume(tmp_path / "run", {"algo": "fedreg"}, {"run_id": 9}, 2)
+    assert [r.round for r in resumed.rounds] == [1, 2]  # round 3 had no checkpoint yet
+    resumed.add(RoundRecord(3, 0.5, 0.6, 0.0, 1.0, 1.0, 10))
+    resumed.finish()
+    document = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert document["run"]["status"] == "completed" and document["run"]["run_id"] == 7
+    assert document["run"]["resumed"][0]["after_round"] == 2
+    assert [r["global_accuracy"] for r in document["rounds"]] == pytest.approx([0.1, 0.2, 0.5])
