@@ -8,10 +8,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from logging import INFO
 from pathlib import Path
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common import log
 
 from clients.base import (
     COMPUTE_SECONDS,
@@ -102,7 +104,10 @@ def persistent_state(msg: Message, context: Context, setup: ClientSetup) -> Iter
     # new Flower run id), so personalization carries over.
     state_key = str(msg.content[CONFIG].get(STATE_KEY) or context.run_id)
     disk = DiskState(state_dir / "runs" / state_key / f"partition-{setup.data.partition_id}")
-    disk.restore(context.state)
+    restored = disk.restore(context.state)
+    if restored:  # a restarted node, or a resumed run: personalization comes back
+        log(INFO, "partition %d: restored %s from %s", setup.data.partition_id,
+            ", ".join(restored), disk.folder)  # fmt: skip
     before = record_ids(context.state)
     yield
     disk.persist(context.state, before)

@@ -108,10 +108,17 @@ def refresh_partitions(grid: Grid, strategy: PersonalizedStrategy) -> None:
         if node not in live:
             log(WARNING, "partition %d: node %d is gone; skipped until it returns", pid, node)
             strategy.forget_partition(pid)
-    known = set(strategy.partition_nodes.values())
+    known = set(strategy.partition_nodes.values()) | strategy.retired_nodes
     for node, (pid, count) in query_nodes(grid, sorted(live - known)).items():
-        if count != strategy.num_partitions or pid in strategy.partition_nodes:
-            continue  # another federation's node, or a duplicate of a served partition
+        if count != strategy.num_partitions:
+            log(WARNING, "node %d serves 1 of %d partitions, not of %d; ignored", node, count,
+                strategy.num_partitions)  # fmt: skip
+            strategy.retired_nodes.add(node)
+            continue
+        previous = strategy.partition_nodes.get(pid)
+        if previous is not None:  # a device restarted before its old id expired
+            log(WARNING, "partition %d: node %d replaces node %d", pid, node, previous)
+            strategy.retired_nodes.add(previous)
         log(INFO, "partition %d: served by node %d", pid, node)
         strategy.partition_nodes[pid] = node
 
@@ -130,6 +137,25 @@ def run_folder(config: RunConfig, run_id: int) -> Path:
     dataset = Path(config.dataset_path or config.dataset).name.replace("/", "_")
     name = f"{stamp}_{config.algo}_{dataset}_a{config.alpha:g}_s{config.seed}_run{run_id}"
     return Path(config.results_dir).expanduser().resolve() / name
+
+
+def wait_for_clients(
+    grid: Grid, strategy: PersonalizedStrategy, needed: int, timeout: float = DISCOVERY_TIMEOUT_S
+) -> None:
+    """Refresh the partition map; while fewer than ``needed`` partitions have a node (the
+    devices dropped out), wait for them instead of running rounds that cannot train. After
+    ``timeout`` the run stops; its checkpoint lets it resume."""
+    deadline = time.monotonic() + timeout
+    refresh_partitions(grid, strategy)
+    while len(strategy.partition_nodes) < needed:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"only {len(strategy.partition_nodes)} clients connected for {timeout:.0f}s; "
+                f"min-train-replies={needed}. Resume from the checkpoint when devices are back"
+            )
+        log(WARNING, "%d clients connected, waiting for %d", len(strategy.partition_nodes), needed)
+        time.sleep(5.0)
+        refresh_partitions(grid, strategy)
 
 
 def payload_bytes(messages: Iterable[Message]) -> int:
@@ -178,7 +204,7 @@ def run_rounds(
 ) -> ArrayRecord:
     for server_round in range(first_round, config.num_server_rounds + 1):
         started = time.perf_counter()
-        refresh_partitions(grid, strategy)
+        wait_for_clients(grid, strategy, config.min_train_replies)
         training = exchange(
             grid,
             strategy.configure_train(server_round, arrays, ConfigRecord(), grid),

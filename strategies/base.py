@@ -100,6 +100,7 @@ class PersonalizedStrategy(Strategy):
         # same seed trains the same clients in the same rounds.
         self.sampling_rng = np.random.default_rng([config.seed, 0x5A3])
         self.partition_nodes: dict[int, int] = {}
+        self.retired_nodes: set[int] = set()  # replaced or foreign nodes: not asked again
         self.num_partitions = 0
         self.last_sampled: list[int] = []
         self._current: dict[str, np.ndarray] = {}

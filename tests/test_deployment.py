@@ -1,0 +1,151 @@
+"""The app as a real deployment on loopback: a SuperLink and three SuperNodes as separate
+processes (``fedreg_app.deployment.LocalDeployment``), on tiny generated data.
+
+Slow (every message starts a ClientApp process; SuperNodes poll every few seconds; a
+killed node is noticed after about a minute), so marked ``deployment`` and left out of the
+default run. Run them with::
+
+    python -m pytest -m deployment
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedreg_app.deployment import LocalDeployment
+
+pytestmark = pytest.mark.deployment
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+MAKE_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "make_certs.sh"
+
+
+def three_nodes(root: Path) -> list[dict]:
+    return [
+        {"partition-id": i, "num-partitions": 3, "state-dir": str(root / f"device{i}")}
+        for i in range(3)
+    ]
+
+
+def run_config(dataset: Path, results: Path, rounds: int, **extra) -> str:
+    pairs = {
+        "algo": "fedreg", "dataset-path": str(dataset), "results-dir": str(results),
+        "num-server-rounds": rounds, "local-epochs": 1, "fraction-train": 1.0,
+        "min-partition-size": 5, "seed": 5, **extra,
+    }  # fmt: skip
+    return " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}" for k, v in pairs.items())
+
+
+def results_in(folder: Path) -> dict:
+    paths = sorted(folder.glob("*/results.json"))
+    return json.loads(paths[-1].read_text()) if paths else {}
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
+        time.sleep(1.0)
+
+
+def assert_stopped(pids: list[int]) -> None:
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[LocalDeployment]:
+    with LocalDeployment(tmp_path / "deploy", three_nodes(tmp_path), extra_env=OFFLINE) as d:
+        yield d
+        pids = d.pids()
+    assert_stopped(pids)
+
+
+def test_fedreg_on_a_superlink_and_three_supernodes(
+    deployment: LocalDeployment, grey_dataset: Path, tmp_path: Path
+) -> None:
+    results_dir = tmp_path / "results"
+    log = deployment.run(run_config(grey_dataset, results_dir, rounds=2), timeout=900)
+    results = results_in(results_dir)
+    assert results.get("run", {}).get("status") == "completed", log[-3000:]
+    assert [r["round"] for r in results["rounds"]] == [1, 2]
+    assert all(r["sampled_clients"] == [0, 1, 2] for r in results["rounds"])
+    assert sorted(results["rounds"][-1]["client_accuracies"]) == ["0", "1", "2"]
+    for i in range(3):  # private heads and decoded data live on each device's disk
+        assert list((tmp_path / f"device{i}" / "runs").glob("*/partition-*/head_p.npz"))
+        assert list((tmp_path / f"device{i}" / "data").glob("*/partition-*.npz"))
+
+
+def test_a_killed_supernode_rejoins_with_its_private_head(
+    deployment: LocalDeployment, grey_dataset: Path, tmp_path: Path
+) -> None:
+    results_dir = tmp_path / "results"
+    config = run_config(grey_dataset, results_dir, rounds=4, **{"reply-timeout": 120.0})
+    run = deployment.start_run(config, tmp_path / "run.log")
+    try:
+        wait_for(lambda: len(results_in(results_dir).get("rounds", [])) >= 1, 600, "round 1")
+        deployment.kill_supernode(1)  # power lost mid-run (round 2 is under way)
+        time.sleep(5)
+        deployment.start_supernode(1)  # back, with a new node id and the same state-dir
+        run.wait(timeout=1200)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    results = results_in(results_dir)
+    log = (tmp_path / "run.log").read_text()
+    assert results["run"]["status"] == "completed", log[-3000:]
+    assert len(results["rounds"]) == 4
+    assert all(r["num_train_examples"] > 0 for r in results["rounds"])
+    # partition 1 trained again after coming back, starting from the head it left on disk
+    assert 1 in results["rounds"][-1]["sampled_clients"]
+    node_log = (tmp_path / "deploy" / "supernode1.log").read_text()
+    assert "partition 1: restored head_p" in node_log
+
+
+def test_an_interrupted_server_resumes_from_its_checkpoint(
+    deployment: LocalDeployment, grey_dataset: Path, tmp_path: Path
+) -> None:
+    results_dir = tmp_path / "results"
+    run = deployment.start_run(run_config(grey_dataset, results_dir, 3), tmp_path / "run.log")
+    try:
+        wait_for(lambda: len(results_in(results_dir).get("rounds", [])) >= 1, 600, "round 1")
+        deployment.kill_superlink()  # the server crashes mid-run, its ServerApp with it
+    finally:
+        run.kill()
+    [run_folder] = [p for p in results_dir.iterdir() if p.is_dir()]
+    done = json.loads((run_folder / "checkpoint" / "state.json").read_text())["round"]
+    assert 1 <= done < 3 and results_in(results_dir)["run"]["status"] == "running"
+    deployment.start_superlink()  # same port and database: the SuperNodes reconnect
+    log = deployment.run(
+        run_config(grey_dataset, results_dir, 3, resume=str(run_folder)), timeout=900
+    )
+    results = results_in(results_dir)
+    assert results["run"]["status"] == "completed", log[-3000:]
+    assert [r["round"] for r in results["rounds"]] == [1, 2, 3]
+    assert results["run"]["resumed"][0]["after_round"] == done
+    assert all(r["num_train_examples"] > 0 for r in results["rounds"])
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_tls_between_supernodes_and_superlink(grey_dataset: Path, tmp_path: Path) -> None:
+    certificates = tmp_path / "certificates"
+    subprocess.run(["bash", str(MAKE_CERTS), str(certificates)], check=True, capture_output=True)
+    nodes = three_nodes(tmp_path)[:2]
+    for node in nodes:
+        node["num-partitions"] = 2
+    with LocalDeployment(tmp_path / "deploy", nodes, tls=certificates, extra_env=OFFLINE) as d:
+        log = d.run(run_config(grey_dataset, tmp_path / "results", rounds=1), timeout=900)
+        pids = d.pids()
+    assert_stopped(pids)
+    results = results_in(tmp_path / "results")
+    assert results.get("run", {}).get("status") == "completed", log[-3000:]
+    assert "insecure" not in (tmp_path / "deploy" / "supernode0.log").read_text().lower()
