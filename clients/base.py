@@ -79,10 +79,15 @@ class ClientProcedure:
         self.config = setup.config
         self.data = setup.data
         self.device = select_device(self.config.device)
-        self.model: SplitModel = build_model(
-            setup.info, self.config.head_depth, self.config.seed, private_head=self.private_head
-        ).to(self.device)
+        self.model: SplitModel = self.new_model(private_head=self.private_head)
         self.trained_numel: dict[int, int] = {}  # parameter id -> size, over this round
+
+    def new_model(self, private_head: bool = False) -> SplitModel:
+        """The run's model (``model``, ``head-depth``), with the run's seeded init."""
+        cfg = self.config
+        return build_model(
+            self.setup.info, cfg.head_depth, cfg.seed, private_head=private_head, model=cfg.model
+        ).to(self.device)
 
     # ----------------------------------------------------------------- the round
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:

@@ -11,7 +11,7 @@ import torch
 
 from clients.base import NUM_PROCESSED, TrainResult, snapshot, squared_distance
 from clients.fedavg import FedAvgClient
-from fedreg_app.models import BASE, HEAD_G, SplitModel, build_model
+from fedreg_app.models import BASE, HEAD_G, SplitModel
 from fedreg_app.records import from_record, to_record
 
 PERSONAL_MODEL = "ditto-personal"
@@ -20,9 +20,7 @@ PERSONAL_MODEL = "ditto-personal"
 class DittoClient(FedAvgClient):
     def __init__(self, setup) -> None:
         super().__init__(setup)
-        self.personal: SplitModel = build_model(
-            setup.info, self.config.head_depth, self.config.seed
-        ).to(self.device)
+        self.personal: SplitModel = self.new_model()
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)

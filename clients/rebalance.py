@@ -18,14 +18,17 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torchvision.transforms import v2
 
 from fedreg_app.config import threshold_statistic_or_count
 from fedreg_app.data import TensorData
 from fedreg_app.persist import load_arrays, save_arrays
+
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,10 @@ def effective_samples(counts: torch.Tensor, threshold: int) -> int:
 
 
 def augmentation(kind: str, channels: int, height: int, width: int) -> v2.Transform:
-    """The per-sample transform that generates new samples of an under-full class."""
+    """The per-sample transform that generates new samples of an under-full class.
+    (torchvision is imported here: a client whose rebalanced set is cached never needs it.)"""
+    from torchvision.transforms import v2
+
     if kind == "auto":
         return v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10)
     steps: list[v2.Transform] = [
@@ -77,6 +83,8 @@ def augmentation(kind: str, channels: int, height: int, width: int) -> v2.Transf
 
 def _augment_one(transform: v2.Transform, image: torch.Tensor) -> torch.Tensor:
     """AutoAugment's colour operations need three channels; grey images go through RGB."""
+    from torchvision.transforms import v2
+
     if image.shape[0] == 1 and isinstance(transform, v2.AutoAugment):
         return transform(image.expand(3, -1, -1))[:1].contiguous()
     return transform(image)

@@ -17,6 +17,7 @@ THRESHOLD_STATISTICS = ("mean", "median", "max", "secmin")
 AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 HEAD_DEPTHS = (1, 2, 3)
+MODELS = ("convnet", "mlp")
 
 
 class ConfigError(ValueError):
@@ -40,6 +41,7 @@ class RunConfig:
     lr: float = 0.01
     momentum: float = 0.9
     seed: int = 0
+    model: str = "convnet"
     head_depth: int = 2
     threshold: str = "mean"
     augment: str = "simple"
@@ -96,8 +98,12 @@ class RunConfig:
             _fail("data-fraction", self.data_fraction, "a fraction in (0, 1]")
         if not 0 < self.fraction_train <= 1:
             _fail("fraction-train", self.fraction_train, "a fraction in (0, 1]")
+        if self.model not in MODELS:
+            _fail("model", self.model, f"one of {', '.join(MODELS)}")
         if self.head_depth not in HEAD_DEPTHS:
             _fail("head-depth", self.head_depth, f"one of {HEAD_DEPTHS}")
+        if self.model == "mlp" and self.head_depth != 1:
+            _fail("head-depth", self.head_depth, "1 with model='mlp' (input -> 100 -> classes)")
         if self.augment not in AUGMENTATIONS:
             _fail("augment", self.augment, f"one of {', '.join(AUGMENTATIONS)}")
         if self.device not in DEVICES:

@@ -14,18 +14,19 @@ import io
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from datasets import ClassLabel, Dataset, DatasetDict
-from datasets import Image as ImageFeature
-from flwr_datasets import FederatedDataset
-from flwr_datasets.partitioner import DirichletPartitioner
-from flwr_datasets.preprocessor import Merger
 from PIL import Image
 
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
 from fedreg_app.persist import digest, load_arrays, load_json, save_arrays, save_json
+
+if TYPE_CHECKING:  # imported where used: a deployed client whose partition is already on
+    # disk never loads them (about 4 s and 300 MB per message on a one-core device)
+    from datasets import Dataset, DatasetDict
+    from flwr_datasets import FederatedDataset
 
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "fine_label")
@@ -107,10 +108,15 @@ class CanonicalPool:
     the partition is then drawn from that subset as usual."""
 
     def __init__(self, fraction: float = 1.0, seed: int = 0) -> None:
+        from flwr_datasets.preprocessor import Merger
+
         self._merge = Merger({"train": ("train", "test")})
         self.fraction, self.seed = fraction, seed
 
     def __call__(self, dataset: DatasetDict) -> DatasetDict:
+        from datasets import ClassLabel, DatasetDict
+        from datasets import Image as ImageFeature
+
         pool = self._merge(dataset)["train"]
         image_column = _find_column(pool, IMAGE_COLUMNS, ImageFeature, "image")
         label_column = _find_column(pool, LABEL_COLUMNS, ClassLabel, "label")
@@ -127,6 +133,9 @@ class CanonicalPool:
 @lru_cache(maxsize=4)
 def federated_dataset(key: PartitionKey) -> FederatedDataset:
     """The flwr-datasets object for a partition key; cached so the split is computed once."""
+    from flwr_datasets import FederatedDataset
+    from flwr_datasets.partitioner import DirichletPartitioner
+
     partitioner = DirichletPartitioner(
         num_partitions=key.num_partitions,
         partition_by="label",
@@ -181,6 +190,8 @@ def _find_column(pool: Dataset, preferred: tuple[str, ...], kind: type, role: st
 
 def _decode_images(ds: Dataset) -> torch.Tensor:
     """Decode image bytes with PIL directly (about 3x faster than HF's numpy format)."""
+    from datasets import Image as ImageFeature
+
     raw = ds.cast_column("image", ImageFeature(decode=False))["image"]
     images = [Image.open(io.BytesIO(item["bytes"])) for item in raw]
     mode = "L" if images and images[0].mode in ("L", "1", "I", "I;16") else "RGB"

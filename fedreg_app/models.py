@@ -85,6 +85,20 @@ def convnet_layers(info: DatasetInfo) -> list[nn.Module]:
     ]  # fmt: skip
 
 
+def mlp_layers(info: DatasetInfo) -> list[nn.Module]:
+    """The thesis testbed's 2-layer MLP (input -> 100 -> classes), for devices too weak for
+    the ConvNet (Raspberry Pi-class). Its base is the hidden layer, its head the output
+    layer: head-depth 1."""
+    return [
+        nn.Flatten(),
+        nn.Linear(info.channels * info.height * info.width, 100), nn.ReLU(),
+        nn.Linear(100, info.num_classes),
+    ]  # fmt: skip
+
+
+MODELS = {"convnet": convnet_layers, "mlp": mlp_layers}
+
+
 def _conv_out(size: int) -> int:
     """Side length after two (5x5 valid conv, 2x2 max-pool) stages: 28 -> 4, 32 -> 5."""
     return ((size - 4) // 2 - 4) // 2
@@ -93,23 +107,32 @@ def _conv_out(size: int) -> int:
 def split_layers(layers: list[nn.Module], head_depth: int) -> tuple[list, list]:
     """Head = the last ``head_depth`` Linear layers (with the activations between)."""
     linear_positions = [i for i, layer in enumerate(layers) if isinstance(layer, nn.Linear)]
-    if not 1 <= head_depth <= len(linear_positions):
-        raise ValueError(
-            f"head-depth={head_depth} is not allowed: this model has "
-            f"{len(linear_positions)} linear layers"
-        )
-    cut = linear_positions[-head_depth]
-    return layers[:cut], layers[cut:]
+    if 1 <= head_depth <= len(linear_positions):
+        cut = linear_positions[-head_depth]
+        if any(p.numel() for layer in layers[:cut] for p in layer.parameters()):
+            return layers[:cut], layers[cut:]
+    deepest = max(
+        d for d in range(1, len(linear_positions) + 1)
+        if any(p.numel() for layer in layers[: linear_positions[-d]] for p in layer.parameters())
+    )  # fmt: skip
+    raise ValueError(
+        f"head-depth={head_depth} is not allowed: expected 1..{deepest} for this model "
+        "(the base must keep at least one trainable layer)"
+    )
 
 
 def build_model(
-    info: DatasetInfo, head_depth: int, seed: int, private_head: bool = False
+    info: DatasetInfo,
+    head_depth: int,
+    seed: int,
+    private_head: bool = False,
+    model: str = "convnet",
 ) -> SplitModel:
     """Seeded initialisation: every process builds the identical initial model, so a
     client can recreate "the initial head" for its private head without asking."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        base_layers, head_layers = split_layers(convnet_layers(info), head_depth)
+        base_layers, head_layers = split_layers(MODELS[model](info), head_depth)
         base = nn.Sequential(*base_layers)
         head_g = nn.Sequential(*head_layers)
         head_p = copy.deepcopy(head_g) if private_head else None

@@ -322,7 +322,9 @@ def main(grid: Grid, context: Context) -> None:
     key = PartitionKey.from_config(config, num_partitions)
     info = load_info(key)
     test_set = load_union_test_set(key)
-    model = build_model(info, config.head_depth, config.seed).to(select_device(config.device))
+    model = build_model(info, config.head_depth, config.seed, model=config.model).to(
+        select_device(config.device)
+    )
     strategy.prepare_model(model)
 
     run_info = {

@@ -25,3 +25,21 @@ def colour_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_image_dataset(
         tmp_path_factory.mktemp("colour"), channels=3, size=32, image_column="img"
     )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--deployment",
+        action="store_true",
+        help="also run the loopback deployment tests (SuperLink + SuperNodes; ~20 min)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deployment tests run only when asked for: they take longer than CI allows."""
+    if config.getoption("--deployment"):
+        return
+    skip = pytest.mark.skip(reason="loopback deployment test: run with --deployment")
+    for item in items:
+        if "deployment" in item.keywords:
+            item.add_marker(skip)

@@ -2,10 +2,10 @@
 processes (``fedreg_app.deployment.LocalDeployment``), on tiny generated data.
 
 Slow (every message starts a ClientApp process; SuperNodes poll every few seconds; a
-killed node is noticed after about a minute), so marked ``deployment`` and left out of the
-default run. Run them with::
+killed node is noticed after about a minute), so marked ``deployment`` and skipped unless
+asked for::
 
-    python -m pytest -m deployment
+    python -m pytest --deployment -m deployment
 """
 
 from __future__ import annotations

@@ -57,3 +57,23 @@ def test_load_group_state_rejects_missing_keys() -> None:
     arrays.pop(next(iter(arrays)))
     with pytest.raises(KeyError, match="missing keys"):
         model.load_group_state(arrays, BASE)
+
+
+def test_mlp_is_input_100_classes_split_after_the_hidden_layer() -> None:
+    from fedreg_app.config import ConfigError, RunConfig
+
+    info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
+    model = build_model(info, 1, 0, private_head=True, model="mlp")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes == {
+        "base.1.weight": (100, 784), "base.1.bias": (100,),
+        "head_g.0.weight": (10, 100), "head_g.0.bias": (10,),
+        "head_p.0.weight": (10, 100), "head_p.0.bias": (10,),
+    }  # fmt: skip
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ValueError, match="head-depth=2 is not allowed: expected 1..1"):
+        build_model(info, 2, 0, model="mlp")
+    with pytest.raises(ConfigError, match="head-depth=2"):
+        RunConfig.from_run_config({"model": "mlp", "head-depth": 2})
+    with pytest.raises(ConfigError, match="model='resnet' is not allowed"):
+        RunConfig.from_run_config({"model": "resnet"})
