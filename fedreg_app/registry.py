@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from clients.base import ClientProcedure
 from clients.ditto import DittoClient
 from clients.fedavg import FedAvgClient
+from clients.fedavg2rep import FedAvg2RepClient
 from clients.fedbabu import FedBABUClient
 from clients.feddyn import FedDynClient
 from clients.fedper import FedPerClient
@@ -18,10 +19,13 @@ from clients.fedprox import FedProxClient
 from clients.fedreg import FedReGClient
 from clients.fedrep import FedRepClient
 from clients.fedrod import FedRoDClient
+from clients.fedseq import FedSeqAntiClient, FedSeqClient
 from clients.gpfl import GPFLClient
+from clients.lg_fedavg import LGFedAvgClient
 from strategies.base import PersonalizedStrategy
 from strategies.ditto import DittoStrategy
 from strategies.fedavg import FedAvgStrategy
+from strategies.fedavg2rep import FedAvg2RepStrategy
 from strategies.fedbabu import FedBABUStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedper import FedPerStrategy
@@ -29,7 +33,9 @@ from strategies.fedprox import FedProxStrategy
 from strategies.fedreg import FedReGStrategy
 from strategies.fedrep import FedRepStrategy
 from strategies.fedrod import FedRoDStrategy
+from strategies.fedseq import FedSeqAntiStrategy, FedSeqStrategy
 from strategies.gpfl import GPFLStrategy
+from strategies.lg_fedavg import LGFedAvgStrategy
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,14 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "balanced-softmax generic head + personal head"),
         Algorithm("gpfl", GPFLStrategy, GPFLClient,
                   "class embeddings + conditional valve shared, head private"),
+        Algorithm("lg-fedavg", LGFedAvgStrategy, LGFedAvgClient,
+                  "head shared and averaged, base (representation) private"),
+        Algorithm("fedavg2rep", FedAvg2RepStrategy, FedAvg2RepClient,
+                  "FedAvg for fedavg2rep-warmup-rounds, then FedRep"),
+        Algorithm("fedseq-vanilla", FedSeqStrategy, FedSeqClient,
+                  "base layers unfrozen input side first; head frozen; fine-tune at the end"),
+        Algorithm("fedseq-anti", FedSeqAntiStrategy, FedSeqAntiClient,
+                  "base layers unfrozen output side first; head frozen; fine-tune at the end"),
     )
 }  # fmt: skip
 

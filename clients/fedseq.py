@@ -1,0 +1,104 @@
+"""FedSeq layer scheduling (``004_…``), ``fedseq-vanilla`` and ``fedseq-anti``.
+
+The base is cut into its K trainable layers (ConvNet, head-depth 2: conv1, conv2, fc1).
+The head stays frozen at its shared initialisation. Base layers are unfrozen one at a time
+at the rounds in ``fedseq-unfreeze-rounds`` ("1,4,7": the first at round 1, the second at
+round 4, ...; empty: evenly spread over the training rounds): Vanilla from the input side,
+Anti from the output side. A layer once unfrozen stays so. Only unfrozen base layers are
+trained, sent and aggregated; frozen ones stay at the seeded initialisation, identical on
+every client. The last ``fedseq-finetune-rounds`` (F) rounds fine-tune base + head on all
+clients, aggregated as FedAvg. The personal model is the global one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from clients.base import ClientProcedure, TrainResult
+from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.models import BASE, HEAD_G, SplitModel
+
+UNFREEZE_ROUNDS = "fedseq-unfreeze-rounds"
+FINETUNE_ROUNDS = "fedseq-finetune-rounds"
+
+
+def base_layers(model: SplitModel) -> list[str]:
+    """Prefixes of the base's trainable layers, input side first (``base.0``, ``base.3``)."""
+    children = model.base.named_children()
+    return [f"{BASE}.{name}" for name, module in children if list(module.parameters())]
+
+
+def finetune_rounds(config: RunConfig) -> int:
+    rounds = int(config.option(FINETUNE_ROUNDS, 1))
+    if not 0 <= rounds < config.num_server_rounds:
+        raise ConfigError(
+            f"{FINETUNE_ROUNDS}={rounds} is not allowed: expected 0..{config.num_server_rounds - 1}"
+            " (fewer than num-server-rounds)"
+        )
+    return rounds
+
+
+def unfreeze_rounds(config: RunConfig, num_layers: int) -> list[int]:
+    """The round at which each layer (in schedule order) is unfrozen."""
+    training_rounds = config.num_server_rounds - finetune_rounds(config)
+    text = str(config.option(UNFREEZE_ROUNDS, "")).strip()
+    if not text:
+        return [1 + k * training_rounds // num_layers for k in range(num_layers)]
+    try:
+        rounds = [int(part) for part in text.split(",")]
+    except ValueError:
+        rounds = []
+    if len(rounds) != num_layers or rounds != sorted(set(rounds)) or rounds[0] < 1:
+        raise ConfigError(
+            f"{UNFREEZE_ROUNDS}={text!r} is not allowed: expected {num_layers} increasing "
+            f"round numbers >= 1, one per base layer, e.g. "
+            f"'{','.join(str(1 + k * training_rounds // num_layers) for k in range(num_layers))}'"
+        )
+    return rounds
+
+
+def unfrozen_at(model: SplitModel, config: RunConfig, anti: bool, server_round: int) -> list[str]:
+    """Base layers trained (and sent) in this round of the layer-by-layer phase."""
+    layers = base_layers(model)[::-1] if anti else base_layers(model)
+    starts = unfreeze_rounds(config, len(layers))
+    return [layer for layer, start in zip(layers, starts, strict=True) if start <= server_round]
+
+
+def is_finetuning(config: RunConfig, server_round: int) -> bool:
+    return server_round > config.num_server_rounds - finetune_rounds(config)
+
+
+def of_layers(arrays: dict[str, np.ndarray], layers: list[str]) -> dict[str, np.ndarray]:
+    return {k: v for k, v in arrays.items() if any(k.startswith(p + ".") for p in layers)}
+
+
+class FedSeqClient(ClientProcedure):
+    anti = False
+
+    def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
+        if is_finetuning(self.config, server_round):
+            self.load_global(global_arrays)
+            trainable_keys = self.model.parameter_names_of(BASE, HEAD_G)
+        else:
+            layers = unfrozen_at(self.model, self.config, self.anti, server_round)
+            self.load_layers(of_layers(global_arrays, layers))
+            trainable_keys = list(of_layers(dict.fromkeys(self.model.parameter_names_of(BASE)),
+                                            layers))  # fmt: skip
+        named = dict(self.model.named_parameters())
+        trainable = [named[key] for key in trainable_keys]
+        processed = self.fit(trainable, self.cross_entropy(self.model), self.data.train,
+                             self.config.local_epochs, server_round)  # fmt: skip
+        state = self.model.group_state(BASE, HEAD_G)
+        return TrainResult({k: state[k] for k in trainable_keys}, self.train_metrics(processed))
+
+    def load_layers(self, arrays: dict[str, np.ndarray]) -> None:
+        """The unfrozen layers from the server; everything else keeps its seeded init."""
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for key, value in arrays.items():
+                own[key].copy_(torch.as_tensor(value))
+
+
+class FedSeqAntiClient(FedSeqClient):
+    anti = True

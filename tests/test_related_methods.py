@@ -1,0 +1,107 @@
+"""The related papers' methods: what defines each one."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.fedavg2rep import FedAvg2RepClient
+from clients.fedseq import FedSeqClient, unfreeze_rounds
+from clients.lg_fedavg import LGFedAvgClient
+from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.records import from_record
+from strategies.fedseq import FedSeqAntiStrategy, FedSeqStrategy
+from strategies.lg_fedavg import LGFedAvgStrategy
+from tests.test_baselines import recording
+from tests.test_clients import INFO, global_arrays, group, make_setup, same
+
+
+def test_lg_fedavg_shares_the_head_and_keeps_its_own_base() -> None:
+    strategy = LGFedAvgStrategy(RunConfig(algo="lg-fedavg"))
+    assert set(strategy.arrays_to_send(global_arrays())) == set(group(global_arrays(), HEAD_G))
+    setup = make_setup(algo="lg-fedavg")
+    first = LGFedAvgClient(setup).train(global_arrays(), 1)
+    kept_base = group(first.arrays, BASE)
+    assert same(from_record(setup.state[BASE]), kept_base)
+    # The next round starts from the client's own base and the server's head.
+    client = recording(LGFedAvgClient)(setup)
+    client.train(global_arrays(seed=3), 2)
+    before = client.steps[0][0]
+    assert same(group(before, BASE), kept_base)
+    assert same(group(before, HEAD_G), group(global_arrays(seed=3), HEAD_G))
+
+
+def test_fedavg2rep_switches_from_fedavg_to_fedrep_after_the_warmup() -> None:
+    setup = make_setup(algo="fedavg2rep", **{"fedavg2rep-warmup-rounds": 2})
+    for server_round in (1, 2):  # FedAvg: one fit of the whole model, nothing kept
+        client = recording(FedAvg2RepClient)(setup)
+        client.train(global_arrays(), server_round)
+        assert len(client.steps) == 1 and HEAD_G not in setup.state
+    # Round 3: FedRep, starting from the server's (warmed-up) head: head epochs, then base.
+    client = recording(FedAvg2RepClient)(setup)
+    client.train(global_arrays(seed=4), 3)
+    assert len(client.steps) == 2 and HEAD_G in setup.state
+    (head_before, head_after), (base_before, base_after) = client.steps
+    assert same(group(head_before, HEAD_G), group(global_arrays(seed=4), HEAD_G))
+    assert same(group(head_before, BASE), group(head_after, BASE))  # base frozen first
+    assert same(group(base_before, HEAD_G), group(base_after, HEAD_G))  # then head frozen
+    # Round 4: the client's own head, whatever the server sends.
+    kept = from_record(setup.state[HEAD_G])
+    client = recording(FedAvg2RepClient)(setup)
+    client.train(global_arrays(seed=5), 4)
+    assert same(group(client.steps[0][0], HEAD_G), kept)
+
+
+def fedseq_config(**extra) -> dict:
+    return {"algo": "fedseq-vanilla", "num-server-rounds": 6, "fedseq-unfreeze-rounds": "1,3,5",
+            "fedseq-finetune-rounds": 1, **extra}  # fmt: skip
+
+
+def layers_of(arrays: dict) -> set[str]:
+    return {".".join(key.split(".")[:2]) for key in arrays}
+
+
+ALL_BASE = {"base.0", "base.3", "base.7"}  # conv1, conv2, fc1 of the ConvNet, head-depth 2
+
+
+@pytest.mark.parametrize(
+    ("strategy_type", "expected"),
+    [
+        (FedSeqStrategy, {1: {"base.0"}, 3: {"base.0", "base.3"}, 5: ALL_BASE}),
+        (FedSeqAntiStrategy, {1: {"base.7"}, 4: {"base.7", "base.3"}, 5: ALL_BASE}),
+    ],
+)
+def test_fedseq_sends_only_unfrozen_base_layers(strategy_type, expected: dict) -> None:
+    strategy = strategy_type(RunConfig.from_run_config(fedseq_config()))
+    model = build_model(INFO, 2, 0)
+    strategy.prepare_model(model)
+    arrays = model.group_state(BASE, HEAD_G)
+    for server_round, layers in expected.items():
+        strategy._training_round = server_round
+        assert layers_of(strategy.arrays_to_send(arrays)) == layers
+    strategy._training_round = 6  # fine-tuning: the whole model
+    assert strategy.arrays_to_send(arrays).keys() == arrays.keys()
+    strategy._training_round = None  # evaluation: the whole model
+    assert strategy.arrays_to_send(arrays).keys() == arrays.keys()
+
+
+def test_fedseq_client_trains_and_returns_only_unfrozen_layers() -> None:
+    setup = make_setup(**fedseq_config())
+    start = global_arrays()
+    result = FedSeqClient(setup).train(start, server_round=3)
+    assert layers_of(result.arrays) == {"base.0", "base.3"}
+    assert not same(group(result.arrays, "base"), {k: start[k] for k in result.arrays})
+    finetune = FedSeqClient(make_setup(**fedseq_config())).train(start, server_round=6)
+    assert finetune.arrays.keys() == start.keys()  # base + head in the last round
+
+
+def test_fedseq_schedule_errors_name_the_key() -> None:
+    strategy = FedSeqStrategy(
+        RunConfig.from_run_config(fedseq_config(**{"fedseq-unfreeze-rounds": "1,5"}))
+    )
+    with pytest.raises(
+        ConfigError, match="fedseq-unfreeze-rounds='1,5' is not allowed: expected 3"
+    ):
+        strategy.prepare_model(build_model(INFO, 2, 0))
+    even = RunConfig.from_run_config(fedseq_config(**{"fedseq-unfreeze-rounds": ""}))
+    assert unfreeze_rounds(even, 3) == [1, 2, 4]  # 5 training rounds over 3 layers
