@@ -81,6 +81,8 @@ class ClientProcedure:
         self.device = select_device(self.config.device)
         self.model: SplitModel = self.new_model(private_head=self.private_head)
         self.trained_numel: dict[int, int] = {}  # parameter id -> size, over this round
+        #: The message's config from the server (round, phase flags of some algorithms).
+        self.server_config: dict = {}
 
     def new_model(self, private_head: bool = False) -> SplitModel:
         """The run's model (``model``, ``head-depth``), with the run's seeded init."""

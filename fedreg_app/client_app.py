@@ -124,6 +124,7 @@ def query(msg: Message, context: Context) -> Message:
 def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, dict, int]:
     """The algorithm's client procedure for this node, the server's arrays and the round."""
     procedure = get_algorithm(setup.config.algo).client(setup)
+    procedure.server_config = dict(msg.content[CONFIG])
     return procedure, from_record(msg.content[ARRAYS]), int(msg.content[CONFIG][SERVER_ROUND])
 
 

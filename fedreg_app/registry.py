@@ -13,6 +13,7 @@ from clients.ditto import DittoClient
 from clients.fedavg import FedAvgClient
 from clients.fedavg2rep import FedAvg2RepClient
 from clients.fedbabu import FedBABUClient
+from clients.fedbabu_deviation import FedBABUDeviationClient
 from clients.feddyn import FedDynClient
 from clients.fedper import FedPerClient
 from clients.fedprox import FedProxClient
@@ -27,6 +28,7 @@ from strategies.ditto import DittoStrategy
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedavg2rep import FedAvg2RepStrategy
 from strategies.fedbabu import FedBABUStrategy
+from strategies.fedbabu_deviation import FedBABUDeviationStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedper import FedPerStrategy
 from strategies.fedprox import FedProxStrategy
@@ -69,6 +71,8 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "head shared and averaged, base (representation) private"),
         Algorithm("fedavg2rep", FedAvg2RepStrategy, FedAvg2RepClient,
                   "FedAvg for fedavg2rep-warmup-rounds, then FedRep"),
+        Algorithm("fedbabu-deviation", FedBABUDeviationStrategy, FedBABUDeviationClient,
+                  "FedBABU until the client-accuracy spread settles, then fine-tune rounds"),
         Algorithm("fedseq-vanilla", FedSeqStrategy, FedSeqClient,
                   "base layers unfrozen input side first; head frozen; fine-tune at the end"),
         Algorithm("fedseq-anti", FedSeqAntiStrategy, FedSeqAntiClient,

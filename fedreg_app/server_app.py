@@ -242,9 +242,13 @@ def run_rounds(
         record.server_eval_seconds = round(server_eval_seconds, 3)
         record.bytes_to_clients = training.bytes_sent + evaluation.bytes_sent
         record.bytes_from_clients = training.bytes_received + evaluation.bytes_received
+        writer.run.update(strategy.report())
         writer.add(record)
         save_checkpoint(writer.folder, server_round, arrays, strategy, config)
         log(INFO, "%s", round_line(record, config.num_server_rounds))
+        if strategy.finished(server_round):
+            log(INFO, "%s ends the run after round %d", config.algo, server_round)
+            break
     return arrays
 
 

@@ -127,6 +127,16 @@ class PersonalizedStrategy(Strategy):
         chosen = self.sampling_rng.choice(available, size=k, replace=False)
         return sorted(int(p) for p in chosen)
 
+    # ------------------------------------------------------------- run end
+    def finished(self, server_round: int) -> bool:
+        """True when the algorithm ends the run after this round (before
+        num-server-rounds, e.g. deviation tracking's fine-tuning is done)."""
+        return False
+
+    def report(self) -> dict[str, Any]:
+        """Algorithm facts for results.json's ``run`` (e.g. the chosen fine-tune round)."""
+        return {}
+
     # ---------------------------------------------------------- checkpoint
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """What a checkpoint must hold to continue exactly: arrays, and JSON-able state

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from clients.fedavg2rep import FedAvg2RepClient
+from clients.fedbabu_deviation import FINETUNE_PHASE, FedBABUDeviationClient
 from clients.fedseq import FedSeqClient, unfreeze_rounds
 from clients.lg_fedavg import LGFedAvgClient
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.models import BASE, HEAD_G, build_model
 from fedreg_app.records import from_record
+from strategies.fedbabu_deviation import (
+    FedBABUDeviationStrategy,
+    deviation_round,
+    window_sigma,
+)
 from strategies.fedseq import FedSeqAntiStrategy, FedSeqStrategy
 from strategies.lg_fedavg import LGFedAvgStrategy
 from tests.test_baselines import recording
@@ -105,3 +112,44 @@ def test_fedseq_schedule_errors_name_the_key() -> None:
         strategy.prepare_model(build_model(INFO, 2, 0))
     even = RunConfig.from_run_config(fedseq_config(**{"fedseq-unfreeze-rounds": ""}))
     assert unfreeze_rounds(even, 3) == [1, 2, 4]  # 5 training rounds over 3 layers
+
+
+def test_deviation_rule_triggers_where_sigma_falls_and_flattens() -> None:
+    rising_then_settling = [0.10, 0.14, 0.17, 0.16, 0.12, 0.100, 0.0995, 0.0990]
+    # t=3..6: falling but still bending (|2nd difference| >= 0.0195); t=7: falling and flat
+    assert deviation_round(rising_then_settling, epsilon=0.002) == 7
+    assert deviation_round([0.1, 0.12, 0.14, 0.16, 0.18], epsilon=0.01) is None  # rising
+    assert deviation_round([0.3, 0.2, 0.05, 0.0], epsilon=0.01) is None  # falling steeply
+    history = [[0.5, 0.7], [0.6, 0.6], [0.4, 0.8]]
+    assert window_sigma(history, 2) == pytest.approx(np.std([0.6, 0.6, 0.4, 0.8]))
+    assert window_sigma(history[:1], 2) is None
+
+
+def test_deviation_strategy_fixes_r_then_fine_tunes_everyone_and_stops() -> None:
+    keys = {"deviation-window": 1, "deviation-epsilon": 0.005, "deviation-finetune-rounds": 2}
+    config = RunConfig.from_run_config(
+        {"algo": "fedbabu-deviation", "num-server-rounds": 20, **keys}
+    )
+    strategy = FedBABUDeviationStrategy(config)
+    strategy.set_partitions({p: p for p in range(10)}, 10)
+    spreads = [0.1, 0.2, 0.3, 0.22, 0.15, 0.081]  # sigma rises, falls, flattens at round 6
+    for server_round, spread in enumerate(spreads, start=1):
+        assert strategy.group_weights == {BASE: "num-examples"}  # base only before R
+        strategy.record_accuracies(server_round, [0.5 - spread, 0.5 + spread])
+    assert strategy.fine_tune_round == 6
+    assert strategy.group_weights == {BASE: "num-examples", HEAD_G: "num-examples"}
+    strategy._round = 7
+    assert strategy.finetuning(7) and strategy.sample_partitions() == list(range(10))
+    assert not strategy.finished(7) and strategy.finished(8)
+    assert strategy.report()["fine_tune_round"] == 6
+    with pytest.raises(ConfigError, match="eval-every=2"):
+        FedBABUDeviationStrategy(RunConfig.from_run_config({"eval-every": 2}))
+
+
+def test_deviation_client_fine_tunes_base_and_head_only_when_told() -> None:
+    setup = make_setup(algo="fedbabu-deviation")
+    client = FedBABUDeviationClient(setup)
+    assert layers_of(client.train(global_arrays(), 1).arrays) <= ALL_BASE  # FedBABU: base
+    client = FedBABUDeviationClient(setup)
+    client.server_config = {FINETUNE_PHASE: True}
+    assert client.train(global_arrays(), 7).arrays.keys() == global_arrays().keys()

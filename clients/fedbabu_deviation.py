@@ -1,0 +1,38 @@
+"""FedBABU with deviation tracking (``002_…``): FedBABU's base-only training until the
+server finds the fine-tune round R from the spread of the clients' test accuracies, then
+``deviation-finetune-rounds`` (F) rounds in which every client trains base + head and the
+server averages both (FedAvg). The server says which phase a round is in
+(``FINETUNE_PHASE`` in the message config). The clients evaluate the global model (base
+with the shared initial head, later the fine-tuned model) without local fine-tuning: those
+per-client accuracies are what the server tracks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clients.base import TrainResult
+from clients.fedbabu import FedBABUClient
+from fedreg_app.models import BASE, HEAD_G
+
+FINETUNE_PHASE = "deviation-finetune"
+
+
+class FedBABUDeviationClient(FedBABUClient):
+    shared_groups = (BASE, HEAD_G)
+
+    def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
+        if not self.server_config.get(FINETUNE_PHASE, False):
+            return super().train(global_arrays, server_round)
+        self.load_global(global_arrays)
+        processed = self.fit(
+            self.model.parameters_of(BASE, HEAD_G),
+            self.cross_entropy(self.model),
+            self.data.train,
+            self.config.local_epochs,
+            server_round,
+        )
+        return TrainResult(self.model.group_state(BASE, HEAD_G), self.train_metrics(processed))
+
+    def prepare_personal_model(self, server_round: int) -> None:
+        """No local fine-tuning: the tracked accuracy is the global model's on this client."""

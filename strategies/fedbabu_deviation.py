@@ -1,0 +1,125 @@
+"""FedBABU with deviation tracking, server side (``002_…``, eq. 7-9).
+
+After every round the server has each client's test accuracy. sigma_w(t) is the standard
+deviation of all clients' accuracies over the last w rounds pooled together (eq. 8). The
+fine-tune round R is the first round where sigma_w is falling (first difference < 0) and
+flat (|second difference| < epsilon); if none is found, R = num-server-rounds - F. Rounds
+R+1 .. R+F fine-tune base + head on every client, averaged as FedAvg; then the run ends.
+Keys: ``deviation-window`` (w), ``deviation-epsilon``, ``deviation-finetune-rounds`` (F).
+R is written into results.json (``run.fine_tune_round``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from clients.base import NUM_EXAMPLES
+from clients.fedbabu_deviation import FINETUNE_PHASE
+from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.models import BASE, HEAD_G
+from strategies.fedbabu import FedBABUStrategy
+
+
+def window_sigma(history: list[list[float]], window: int) -> float | None:
+    """sigma_w: std of every client accuracy of the last ``window`` rounds (eq. 7-8)."""
+    if len(history) < window:
+        return None
+    pooled = [a for accuracies in history[-window:] for a in accuracies]
+    return float(np.std(pooled)) if pooled else None
+
+
+def deviation_round(sigmas: list[float], epsilon: float) -> int | None:
+    """Index of the first sigma that is falling and flat (eq. 9), or None."""
+    for t in range(2, len(sigmas)):
+        first = sigmas[t] - sigmas[t - 1]
+        second = sigmas[t] - 2 * sigmas[t - 1] + sigmas[t - 2]
+        if first < 0 and abs(second) < epsilon:
+            return t
+    return None
+
+
+class FedBABUDeviationStrategy(FedBABUStrategy):
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
+        self.window = int(config.option("deviation-window", 5))
+        self.epsilon = float(config.option("deviation-epsilon", 0.001))
+        self.finetune_rounds = int(config.option("deviation-finetune-rounds", 5))
+        if config.eval_every != 1:
+            raise ConfigError(
+                f"eval-every={config.eval_every} is not allowed with algo='fedbabu-deviation':"
+                " expected 1 (the fine-tune round is found from every round's accuracies)"
+            )
+        if not 1 <= self.finetune_rounds < config.num_server_rounds or self.window < 1:
+            raise ConfigError(
+                f"deviation-finetune-rounds={self.finetune_rounds} / deviation-window="
+                f"{self.window} are not allowed: expected 1 <= F < num-server-rounds, w >= 1"
+            )
+        self.history: list[list[float]] = []  # per round: every client's accuracy
+        self.sigma_rounds: list[tuple[int, float]] = []  # (round, sigma_w)
+        self.fine_tune_round: int | None = None  # R
+        self._round = 0
+
+    def finetuning(self, server_round: int) -> bool:
+        return self.fine_tune_round is not None and server_round > self.fine_tune_round
+
+    @property
+    def group_weights(self) -> dict[str, str]:  # type: ignore[override]
+        if self.fine_tune_round is not None:
+            return {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES}
+        return {BASE: NUM_EXAMPLES}
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        self._round = server_round
+        config[FINETUNE_PHASE] = self.finetuning(server_round)
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def sample_partitions(self) -> list[int]:
+        if self.finetuning(self._round):
+            return sorted(self.partition_nodes)  # fine-tuning involves every client
+        return super().sample_partitions()
+
+    def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
+        metrics = super().aggregate_evaluate(server_round, replies)
+        if metrics is not None and self.fine_tune_round is None:
+            self.record_accuracies(server_round, list(metrics["client-accuracies"]))
+        return metrics
+
+    def record_accuracies(self, server_round: int, accuracies: list[float]) -> None:
+        """Track sigma_w; fix R once it is found, or at the last round that leaves F."""
+        self.history.append(accuracies)
+        sigma = window_sigma(self.history, self.window)
+        if sigma is not None:
+            self.sigma_rounds.append((server_round, sigma))
+        found = deviation_round([s for _, s in self.sigma_rounds], self.epsilon)
+        if found is not None:
+            self.fine_tune_round = self.sigma_rounds[found][0]
+        elif server_round >= self.config.num_server_rounds - self.finetune_rounds:
+            self.fine_tune_round = server_round
+
+    def finished(self, server_round: int) -> bool:
+        return (
+            self.fine_tune_round is not None
+            and server_round >= self.fine_tune_round + self.finetune_rounds
+        )
+
+    def report(self) -> dict[str, Any]:
+        return {"fine_tune_round": self.fine_tune_round,
+                "sigma_w": [[r, round(s, 6)] for r, s in self.sigma_rounds]}  # fmt: skip
+
+    def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, state = super().state_dict()
+        state.update(history=self.history, sigma_rounds=self.sigma_rounds,
+                     fine_tune_round=self.fine_tune_round)  # fmt: skip
+        return arrays, state
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
+        super().load_state_dict(arrays, state)
+        self.history = [list(r) for r in state["history"]]
+        self.sigma_rounds = [(int(r), float(s)) for r, s in state["sigma_rounds"]]
+        self.fine_tune_round = state["fine_tune_round"]
