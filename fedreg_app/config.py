@@ -18,6 +18,7 @@ AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 HEAD_DEPTHS = (1, 2, 3)
 MODELS = ("convnet", "mlp")
+PARTITIONS = ("dirichlet", "shard")
 
 
 class ConfigError(ValueError):
@@ -32,6 +33,9 @@ class RunConfig:
     dataset: str = "zalando-datasets/fashion_mnist"
     dataset_path: str = ""
     alpha: float = 0.1
+    partition: str = "dirichlet"
+    shard_classes: int = 2
+    participation_gamma: float = 0.0
     data_fraction: float = 1.0
     min_partition_size: int = 10
     fraction_train: float = 0.25
@@ -94,6 +98,16 @@ class RunConfig:
             _fail("algo", self.algo, f"one of {', '.join(algorithm_names())}")
         if not self.alpha > 0:
             _fail("alpha", self.alpha, "a number > 0 (Dirichlet concentration)")
+        if self.partition not in PARTITIONS:
+            _fail("partition", self.partition, f"one of {', '.join(PARTITIONS)}")
+        if self.shard_classes < 1:
+            _fail("shard-classes", self.shard_classes, "an integer >= 1 (classes per client)")
+        if self.participation_gamma < 0:
+            _fail(
+                "participation-gamma",
+                self.participation_gamma,
+                "a number >= 0 (0: uniform sampling; else Dirichlet(gamma) probabilities)",
+            )
         if not 0 < self.data_fraction <= 1:
             _fail("data-fraction", self.data_fraction, "a fraction in (0, 1]")
         if not 0 < self.fraction_train <= 1:

@@ -79,6 +79,8 @@ class PartitionKey:
     seed: int
     min_partition_size: int
     data_fraction: float = 1.0
+    partition: str = "dirichlet"
+    shard_classes: int = 2
 
     @classmethod
     def from_config(cls, config: RunConfig, num_partitions: int) -> PartitionKey:
@@ -91,6 +93,8 @@ class PartitionKey:
             seed=config.seed,
             min_partition_size=config.min_partition_size,
             data_fraction=config.data_fraction,
+            partition=config.partition,
+            shard_classes=config.shard_classes,
         )
 
 
@@ -134,16 +138,8 @@ class CanonicalPool:
 def federated_dataset(key: PartitionKey) -> FederatedDataset:
     """The flwr-datasets object for a partition key; cached so the split is computed once."""
     from flwr_datasets import FederatedDataset
-    from flwr_datasets.partitioner import DirichletPartitioner
 
-    partitioner = DirichletPartitioner(
-        num_partitions=key.num_partitions,
-        partition_by="label",
-        alpha=key.alpha,
-        min_partition_size=key.min_partition_size,
-        self_balancing=False,
-        seed=key.seed,
-    )
+    partitioner = label_partitioner(key)
     load_kwargs = {}
     name = key.dataset
     if key.dataset_path:
@@ -159,6 +155,30 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
         partitioners={"train": partitioner},
         seed=key.seed,
         **load_kwargs,
+    )
+
+
+def label_partitioner(key: PartitionKey):
+    """Dirichlet(alpha) label skew (the FedReG paper), or "hold c classes" shards: each
+    client gets ``shard-classes`` classes, drawn at random with the seed, and an equal
+    share of each of its classes (``003``, Section 1.3; thesis Fig. 3.1)."""
+    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
+
+    if key.partition == "shard":
+        return PathologicalPartitioner(
+            num_partitions=key.num_partitions,
+            partition_by="label",
+            num_classes_per_partition=key.shard_classes,
+            class_assignment_mode="random",
+            seed=key.seed,
+        )
+    return DirichletPartitioner(
+        num_partitions=key.num_partitions,
+        partition_by="label",
+        alpha=key.alpha,
+        min_partition_size=key.min_partition_size,
+        self_balancing=False,
+        seed=key.seed,
     )
 
 
@@ -221,6 +241,11 @@ def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
     try:
         partition = fds.load_partition(partition_id, "train")
     except ValueError as err:
+        if key.partition == "shard":
+            raise ConfigError(
+                f"partition='shard', shard-classes={key.shard_classes}: flwr-datasets could not "
+                f"give {key.num_partitions} clients {key.shard_classes} classes each ({err})"
+            ) from err
         raise ConfigError(
             f"alpha={key.alpha}, min-partition-size={key.min_partition_size}: the Dirichlet "
             f"partitioner could not give each of {key.num_partitions} clients at least "

@@ -99,6 +99,7 @@ class PersonalizedStrategy(Strategy):
         # Sampling is over partition ids with the run's seed: every algorithm run with the
         # same seed trains the same clients in the same rounds.
         self.sampling_rng = np.random.default_rng([config.seed, 0x5A3])
+        self.participation: np.ndarray | None = None  # per-partition probabilities
         self.partition_nodes: dict[int, int] = {}
         self.retired_nodes: set[int] = set()  # replaced or foreign nodes: not asked again
         self.num_partitions = 0
@@ -112,6 +113,10 @@ class PersonalizedStrategy(Strategy):
         """Tell the strategy which node serves which partition (found by the ServerApp)."""
         self.partition_nodes = dict(partition_nodes)
         self.num_partitions = num_partitions
+        gamma = self.config.participation_gamma
+        if gamma > 0:  # skewed participation (003, Section 4.4): fixed for the whole run
+            draw = np.random.default_rng([self.config.seed, 0x9A7])
+            self.participation = draw.dirichlet(np.full(num_partitions, gamma))
 
     def forget_partition(self, partition_id: int) -> None:
         """Its node is gone: no messages for it until a node serves it again."""
@@ -124,7 +129,11 @@ class PersonalizedStrategy(Strategy):
         if not available:
             return []
         k = min(sample_size(self.num_partitions, self.config.fraction_train), len(available))
-        chosen = self.sampling_rng.choice(available, size=k, replace=False)
+        weights = None
+        if self.participation is not None:
+            weights = self.participation[available] + 1e-12  # every client keeps a chance
+            weights = weights / weights.sum()
+        chosen = self.sampling_rng.choice(available, size=k, replace=False, p=weights)
         return sorted(int(p) for p in chosen)
 
     # ------------------------------------------------------------- run end

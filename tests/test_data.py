@@ -100,3 +100,13 @@ def test_data_fraction_keeps_a_seeded_subset_of_the_pool(grey_dataset: Path) -> 
     assert torch.equal(load_client_data(quarter, 0).train.y, again.train.y)
     with pytest.raises(ConfigError, match="data-fraction=1.5"):
         RunConfig.from_run_config({"data-fraction": 1.5})
+
+
+def test_shard_partition_holds_c_classes_per_client(grey_dataset: Path) -> None:
+    key = key_for(grey_dataset, **{"partition": "shard", "shard-classes": 2})
+    for pid in range(4):
+        labels = client_splits(key, pid)
+        classes = set(labels["train"]["label"]) | set(labels["test"]["label"])
+        assert len(classes) == 2
+    with pytest.raises(ConfigError, match="partition='iid' is not allowed"):
+        RunConfig.from_run_config({"partition": "iid"})

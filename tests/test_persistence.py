@@ -156,3 +156,20 @@ def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -
     assert document["run"]["status"] == "completed" and document["run"]["run_id"] == 7
     assert document["run"]["resumed"][0]["after_round"] == 2
     assert [r["global_accuracy"] for r in document["rounds"]] == pytest.approx([0.1, 0.2, 0.5])
+
+
+def test_skewed_participation_favours_some_clients_and_is_seeded() -> None:
+    def counts(gamma: float, seed: int) -> np.ndarray:
+        strategy = FedAvgStrategy(
+            RunConfig(seed=seed, fraction_train=0.2, participation_gamma=gamma)
+        )
+        strategy.set_partitions({p: p for p in range(20)}, 20)
+        picks = np.zeros(20)
+        for _ in range(200):
+            picks[strategy.sample_partitions()] += 1
+        return picks
+
+    uniform, skewed = counts(0.0, 1), counts(0.3, 1)
+    assert uniform.max() / uniform.sum() < 0.1  # about 1/20 each
+    assert skewed.max() / skewed.sum() > 0.1  # Dirichlet(0.3): a few clients dominate
+    assert np.array_equal(skewed, counts(0.3, 1))  # same seed, same draws
