@@ -19,7 +19,7 @@ from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from fedreg_app.config import RunConfig
 from fedreg_app.data import ClientData, DatasetInfo, TensorData
-from fedreg_app.models import BASE, HEAD_G, SplitModel, build_model
+from fedreg_app.models import BASE, HEAD_G, SplitModel, initial_model
 from fedreg_app.records import from_record, to_record
 from fedreg_app.training import (
     EVAL_BATCH_SIZE,
@@ -85,11 +85,8 @@ class ClientProcedure:
         self.server_config: dict = {}
 
     def new_model(self, private_head: bool = False) -> SplitModel:
-        """The run's model (``model``, ``head-depth``), with the run's seeded init."""
-        cfg = self.config
-        return build_model(
-            self.setup.info, cfg.head_depth, cfg.seed, private_head=private_head, model=cfg.model
-        ).to(self.device)
+        """The run's model (``model``, ``head-depth``): seeded init, or ``init-model``."""
+        return initial_model(self.setup.info, self.config, private_head).to(self.device)
 
     # ----------------------------------------------------------------- the round
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:

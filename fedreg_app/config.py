@@ -53,6 +53,7 @@ class RunConfig:
     results_dir: str = "results"
     device: str = "auto"
     state_dir: str = ""
+    init_model: str = ""
     resume: str = ""
     min_train_replies: int = 1
     reply_timeout: float = 0.0
@@ -143,6 +144,8 @@ class RunConfig:
             _fail("dataset", self.dataset, "a Hugging Face hub id, or set dataset-path")
         if self.dataset_path:
             check_dataset_path(self.dataset_path)
+        if self.init_model and not Path(self.init_model).expanduser().is_file():
+            _fail("init-model", self.init_model, "the path of a .npz or .pt state dict")
 
     def is_eval_round(self, server_round: int) -> bool:
         """Evaluate every ``eval-every`` rounds and always after the last one."""

@@ -8,12 +8,15 @@ asks for a private head) has the same structure and never leaves the client.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
+from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import DatasetInfo
+from fedreg_app.persist import load_arrays
 
 BASE = "base"
 HEAD_G = "head_g"
@@ -137,3 +140,44 @@ def build_model(
         head_g = nn.Sequential(*head_layers)
         head_p = copy.deepcopy(head_g) if private_head else None
     return SplitModel(base, head_g, head_p)
+
+
+def read_weights(path: Path) -> dict[str, np.ndarray]:
+    """A state dict from ``.npz`` (numpy, no pickles) or ``.pt``/``.pth`` (PyTorch's
+    ``weights_only`` loader, which refuses anything but tensors and plain containers)."""
+    if path.suffix == ".npz":
+        return load_arrays(path)
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        loaded = loaded["state_dict"]
+    return {key: torch.as_tensor(value).numpy() for key, value in loaded.items()}
+
+
+def load_pretrained(model: SplitModel, path: str) -> None:
+    """Start from a pre-trained model (``003``): the file's keys must be this model's
+    (``base.*``, ``head_g.*``, ...) with the same shapes; groups it lacks keep their
+    seeded initialisation, and a private head starts as a copy of the file's head_g."""
+    arrays = read_weights(Path(path))
+    own = model.state_dict()
+    if model.head_p is not None and not any(k.startswith(HEAD_P + ".") for k in arrays):
+        prefix = HEAD_G + "."
+        arrays |= {HEAD_P + "." + k[len(prefix):]: v for k, v in arrays.items()
+                   if k.startswith(prefix)}  # fmt: skip
+    wrong = sorted(k for k, v in arrays.items() if k not in own or tuple(own[k].shape) != v.shape)
+    if wrong:
+        raise ConfigError(
+            f"init-model={path!r} is not allowed: {len(wrong)} entries do not fit this model "
+            f"(model, head-depth, dataset), e.g. {wrong[:3]}; expected keys like "
+            f"{list(own)[:2]} with the same shapes"
+        )
+    with torch.no_grad():
+        for key, value in arrays.items():
+            own[key].copy_(torch.as_tensor(value))
+
+
+def initial_model(info: DatasetInfo, config: RunConfig, private_head: bool = False) -> SplitModel:
+    """The run's starting model: seeded initialisation, then ``init-model`` if given."""
+    model = build_model(info, config.head_depth, config.seed, private_head, config.model)
+    if config.init_model:
+        load_pretrained(model, config.init_model)
+    return model

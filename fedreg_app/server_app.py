@@ -38,7 +38,7 @@ from fedreg_app.client_app import NUM_PARTITIONS
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, TensorData, load_info, load_union_test_set
 from fedreg_app.metrics import ResultsWriter, RoundRecord
-from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, build_model
+from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import get_algorithm
 from fedreg_app.training import count_correct, select_device
@@ -326,9 +326,7 @@ def main(grid: Grid, context: Context) -> None:
     key = PartitionKey.from_config(config, num_partitions)
     info = load_info(key)
     test_set = load_union_test_set(key)
-    model = build_model(info, config.head_depth, config.seed, model=config.model).to(
-        select_device(config.device)
-    )
+    model = initial_model(info, config).to(select_device(config.device))
     strategy.prepare_model(model)
 
     run_info = {

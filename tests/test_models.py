@@ -77,3 +77,41 @@ def test_mlp_is_input_100_classes_split_after_the_hidden_layer() -> None:
         RunConfig.from_run_config({"model": "mlp", "head-depth": 2})
     with pytest.raises(ConfigError, match="model='resnet' is not allowed"):
         RunConfig.from_run_config({"model": "resnet"})
+
+
+def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
+    import pickle
+
+    import numpy as np
+
+    from fedreg_app.config import ConfigError, RunConfig
+    from fedreg_app.models import initial_model, load_pretrained
+    from fedreg_app.persist import save_arrays
+
+    info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
+    trained = build_model(info, 2, seed=42)
+    save_arrays(tmp_path / "w.npz", trained.group_state(BASE, HEAD_G))
+    torch.save(trained.state_dict(), tmp_path / "w.pt")
+    for name in ("w.npz", "w.pt"):
+        config = RunConfig.from_run_config({"init-model": str(tmp_path / name)})
+        model = initial_model(info, config, private_head=True)  # seed 0 otherwise
+        state, expected = model.state_dict(), trained.state_dict()
+        assert all(torch.equal(state[k], expected[k]) for k in expected)
+        # the private head starts as the file's head
+        assert torch.equal(state["head_p.0.weight"], expected["head_g.0.weight"])
+    small = build_model(DatasetInfo(10, 3, 32, 32), 2, 0)
+    with pytest.raises(ConfigError, match="init-model=.* do not fit this model"):
+        load_pretrained(small, str(tmp_path / "w.npz"))
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("pickled code ran",))
+
+    (tmp_path / "evil.pt").write_bytes(pickle.dumps({"base.0.weight": Payload()}))
+    with pytest.raises(pickle.UnpicklingError):
+        load_pretrained(build_model(info, 2, 0), str(tmp_path / "evil.pt"))
+    np.savez(tmp_path / "evil.npz", x=np.array([Payload()], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        load_pretrained(build_model(info, 2, 0), str(tmp_path / "evil.npz"))
+    with pytest.raises(ConfigError, match="init-model='missing.npz' is not allowed"):
+        RunConfig.from_run_config({"init-model": "missing.npz"})
