@@ -10,7 +10,7 @@ from fedreg_app.config import ConfigError, RunConfig
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("algo", "fedfoo", "ditto, fedavg, fedbabu, feddyn, fedper, fedprox, fedreg"),
+        ("algo", "fedfoo", "ditto, fedavg, fedavg2rep, fedbabu"),
         ("alpha", 0.0, "> 0"),
         ("alpha", -1.0, "> 0"),
         ("fraction-train", 0.0, "(0, 1]"),
