@@ -17,7 +17,7 @@ THRESHOLD_STATISTICS = ("mean", "median", "max", "secmin")
 AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 HEAD_DEPTHS = (1, 2, 3)
-MODELS = ("convnet", "mlp")
+MODELS = ("convnet", "mlp", "cnn")
 PARTITIONS = ("dirichlet", "shard")
 
 

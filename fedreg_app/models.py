@@ -99,7 +99,20 @@ def mlp_layers(info: DatasetInfo) -> list[nn.Module]:
     ]  # fmt: skip
 
 
-MODELS = {"convnet": convnet_layers, "mlp": mlp_layers}
+def cnn_layers(info: DatasetInfo) -> list[nn.Module]:
+    """The 2-conv/2-FC CNN of ``002``/``004`` (FedAvg's CNN): Conv 32 and Conv 64, 5x5
+    with 'same' padding, each with ReLU and 2x2 max-pooling, then Linear -> 512 -> classes."""
+    flat = 64 * (info.height // 4) * (info.width // 4)
+    return [
+        nn.Conv2d(info.channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, 512), nn.ReLU(),
+        nn.Linear(512, info.num_classes),
+    ]  # fmt: skip
+
+
+MODELS = {"convnet": convnet_layers, "mlp": mlp_layers, "cnn": cnn_layers}
 
 
 def _conv_out(size: int) -> int:

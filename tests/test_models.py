@@ -115,3 +115,15 @@ def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
         load_pretrained(build_model(info, 2, 0), str(tmp_path / "evil.npz"))
     with pytest.raises(ConfigError, match="init-model='missing.npz' is not allowed"):
         RunConfig.from_run_config({"init-model": "missing.npz"})
+
+
+@pytest.mark.parametrize(("channels", "size", "flat"), [(1, 28, 3136), (3, 32, 4096)])
+def test_cnn_of_the_related_papers(channels: int, size: int, flat: int) -> None:
+    info = DatasetInfo(num_classes=10, channels=channels, height=size, width=size)
+    model = build_model(info, 1, 0, model="cnn")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes["base.0.weight"] == (32, channels, 5, 5)
+    assert shapes["base.3.weight"] == (64, 32, 5, 5)
+    assert shapes["base.7.weight"] == (512, flat)
+    assert shapes["head_g.0.weight"] == (10, 512)
+    assert model(torch.zeros(2, channels, size, size)).shape == (2, 10)
