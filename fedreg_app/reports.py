@@ -37,6 +37,7 @@ matplotlib.use("Agg")  # files only; no display on servers and devices
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clients.rebalance import class_threshold  # noqa: E402
 from fedreg_app.config import ConfigError, RunConfig  # noqa: E402
@@ -157,11 +158,14 @@ def plot_accuracy_curves(results: Sequence[RunResult], title: str, path: Path) -
             rounds, mean, std = band
             colour = colours(index % colours.N)
             label = f"{cell.replace(CELL_SEPARATOR, ' ')} (n={len(runs)})"
-            axis.plot(rounds, mean, marker="o", markersize=3, color=colour, label=label)
+            width = 2.6 if cell.split(CELL_SEPARATOR)[0] == "fedreg" else 1.4
+            axis.plot(rounds, mean, marker="o", markersize=3, color=colour, label=label,
+                      linewidth=width)  # fmt: skip
             axis.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
     for axis, name in zip(axes, ("global model", "personal models"), strict=True):
         axis.set_title(f"{name}: accuracy per round")
         axis.set_xlabel("round")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel("accuracy (%)")
         axis.grid(alpha=0.3)
     axes[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
