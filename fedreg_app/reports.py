@@ -37,7 +37,7 @@ matplotlib.use("Agg")  # files only; no display on servers and devices
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from clients.rebalance import class_threshold  # noqa: E402
 from fedreg_app.config import ConfigError, RunConfig  # noqa: E402
@@ -190,7 +190,10 @@ def plot_log_ratio_vs_clients(results: Sequence[RunResult], path: Path) -> Path:
         if points:
             xs, ys = zip(*points, strict=True)
             axis.plot(xs, ys, marker="o", label=cell.replace(CELL_SEPARATOR, " "))
+    counts = sorted({r.clients for r in results})
     axis.set_xscale("log")
+    axis.set_xticks(counts, [str(c) for c in counts])  # the client counts run, no log clutter
+    axis.xaxis.set_minor_formatter(NullFormatter())
     axis.set_xlabel("number of clients")
     axis.set_ylabel("log10(g / p)   (0: global as good as personal)")
     axis.set_title("Best global vs best personal accuracy (FedReG paper, Figure 7)")
