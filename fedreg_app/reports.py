@@ -133,6 +133,29 @@ def paper_table(results: Sequence[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def cost_table(results: Sequence[RunResult]) -> str:
+    """Per cell (mean over seeds): traffic both ways, parameters trained and seconds per
+    round; what the FedSeq paper compares and what an edge deployment pays."""
+    header = ["experiment", "cell", "MB to clients", "MB from clients", "trained params (M)",
+              "s/round (median)", "seeds"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (experiment, cell), runs in by_key(results, lambda r: (r.experiment, r.cell)).items():
+
+        def mean(key: str, scale: float, runs: list[RunResult] = runs) -> str:
+            return f"{statistics.fmean(r.document.get(key, 0) for r in runs) / scale:.1f}"
+
+        seconds = statistics.fmean(
+            statistics.median(x["train_seconds"] + x["eval_seconds"] for x in r.document["rounds"])
+            for r in runs
+        )
+        lines.append(
+            f"| {experiment} | {cell.replace(CELL_SEPARATOR, ' ')} | "
+            f"{mean('total_bytes_to_clients', 1e6)} | {mean('total_bytes_from_clients', 1e6)} | "
+            f"{mean('total_trained_parameters', 1e6)} | {seconds:.1f} | {len(runs)} |"
+        )
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------ plots
 def _mean_band(runs: Sequence[RunResult], metric: str) -> tuple[np.ndarray, ...] | None:
     """Rounds common to all seeds, the mean and the std of the metric there."""
@@ -260,8 +283,9 @@ def write_report(root: Path, out: Path) -> list[Path]:
     if not results:
         raise FileNotFoundError(f"{root}: no completed results.json under */*/seed*/*/")
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "table.md"]
+    written = [out / "table.md", out / "costs.md"]
     written[0].write_text(paper_table(results) + "\n")
+    written[1].write_text(cost_table(results) + "\n")
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
         written.append(plot_accuracy_curves(runs, title, out / f"{experiment}_accuracy.png"))

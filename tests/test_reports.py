@@ -14,6 +14,7 @@ from fedreg_app.reports import (
     _mean_band,
     class_distribution_report,
     collect,
+    cost_table,
     main,
     paper_table,
     rebalanced_counts,
@@ -36,7 +37,13 @@ def fake_run(
     folder = root / experiment / cell / f"seed{seed}" / run
     folder.mkdir(parents=True)
     rounds = [
-        {"round": k + 1, "global_accuracy": g, "personal_accuracy": p}
+        {
+            "round": k + 1,
+            "global_accuracy": g,
+            "personal_accuracy": p,
+            "train_seconds": 2.0,
+            "eval_seconds": 1.0,
+        }
         for k, (g, p) in enumerate(zip(globals_, personals, strict=True))
     ]
     document = {
@@ -44,6 +51,7 @@ def fake_run(
                    "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1, "batch-size": 10},
         "run": {"status": status, "num_clients": clients},
         "rounds": rounds,
+        "total_bytes_to_clients": 4_000_000, "total_bytes_from_clients": 1_000_000,
         "best_global_accuracy": max(g for g in globals_ if g is not None),
         "best_personal_accuracy": max(p for p in personals if p is not None),
     }  # fmt: skip
@@ -95,17 +103,25 @@ def test_report_writes_table_curves_and_figure_7(tmp_path: Path) -> None:
             fake_run(tmp_path / "runs", f"c{clients}", cell, 0, clients=clients)
     written = write_report(tmp_path / "runs", tmp_path / "report")
     names = sorted(p.name for p in written)
-    assert names == ["c30_accuracy.png", "c50_accuracy.png", "log_ratio_vs_clients.png",
-                     "table.md"]  # fmt: skip
-    for path in written[1:]:
+    assert names == ["c30_accuracy.png", "c50_accuracy.png", "costs.md",
+                     "log_ratio_vs_clients.png", "table.md"]  # fmt: skip
+    for path in written[2:]:
         with Image.open(path) as image:
             assert image.format == "PNG" and image.width > 400 and image.height > 300
+
+
+def test_cost_table_averages_traffic_over_seeds(tmp_path: Path) -> None:
+    fake_run(tmp_path, "smoke", "fedseq-vanilla", 0)
+    fake_run(tmp_path, "smoke", "fedseq-vanilla", 1)
+    table = cost_table(collect(tmp_path)).splitlines()
+    assert table[2] == "| smoke | fedseq-vanilla | 4.0 | 1.0 | 0.0 | 3.0 | 2 |"
 
 
 def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
     fake_run(tmp_path, "smoke", "fedreg", 0)
     assert [p.name for p in write_report(tmp_path, tmp_path / "r")] == [
         "table.md",
+        "costs.md",
         "smoke_accuracy.png",
     ]
 
