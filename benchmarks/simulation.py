@@ -154,7 +154,7 @@ def scale(args: argparse.Namespace, superlink: LocalSuperLink, out: Path) -> dic
         run_config = {
             "algo": algo, "num-server-rounds": args.rounds, "fraction-train": args.fraction,
             "alpha": 0.1, "batch-size": args.batch_size, "local-epochs": 1,
-            "eval-every": args.rounds, "min-partition-size": 2,
+            "eval-every": args.rounds, "partition": "dirichlet-topup",
             "dataset": args.dataset, "results-dir": str(out / f"scale_{algo}"),
         }  # fmt: skip
         if args.dataset_path:

@@ -18,7 +18,7 @@ AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 HEAD_DEPTHS = (1, 2, 3)
 MODELS = ("convnet", "mlp", "cnn")
-PARTITIONS = ("dirichlet", "shard")
+PARTITIONS = ("dirichlet", "dirichlet-topup", "shard")
 
 
 class ConfigError(ValueError):

@@ -164,6 +164,12 @@ def label_partitioner(key: PartitionKey):
     share of each of its classes (``003``, Section 1.3; thesis Fig. 3.1)."""
     from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
 
+    if key.partition == "dirichlet-topup":
+        from fedreg_app.partitioners import TopUpDirichletPartitioner
+
+        return TopUpDirichletPartitioner(
+            key.num_partitions, "label", key.alpha, key.min_partition_size, key.seed
+        )
     if key.partition == "shard":
         return PathologicalPartitioner(
             num_partitions=key.num_partitions,
@@ -250,7 +256,7 @@ def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
             f"alpha={key.alpha}, min-partition-size={key.min_partition_size}: the Dirichlet "
             f"partitioner could not give each of {key.num_partitions} clients at least "
             f"{key.min_partition_size} samples in 10 tries ({err}). Raise alpha, lower "
-            "min-partition-size, or use fewer clients."
+            "min-partition-size, use fewer clients, or partition='dirichlet-topup'."
         ) from err
     return partition.train_test_split(test_size=TEST_FRACTION, seed=key.seed)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,3 +111,24 @@ def test_shard_partition_holds_c_classes_per_client(grey_dataset: Path) -> None:
         assert len(classes) == 2
     with pytest.raises(ConfigError, match="partition='iid' is not allowed"):
         RunConfig.from_run_config({"partition": "iid"})
+
+
+def test_dirichlet_topup_keeps_the_skew_and_gives_everyone_the_minimum() -> None:
+    from fedreg_app.partitioners import dirichlet_topup
+
+    labels = np.repeat(np.arange(10), 120)  # 1200 samples, 10 classes
+    parts = dirichlet_topup(labels, 20, alpha=0.1, min_size=4, seed=3)
+    sizes = [len(p) for p in parts]
+    assert min(sizes) >= 4 and sum(sizes) == 1200
+    assert len(set(np.concatenate(parts).tolist())) == 1200  # a partition of the samples
+    dominant = [np.bincount(labels[p], minlength=10).max() / len(p) for p in parts]
+    assert np.median(dominant) > 0.5  # still label-skewed (uniform: 0.1)
+    again = dirichlet_topup(labels, 20, alpha=0.1, min_size=4, seed=3)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_dirichlet_topup_through_flwr_datasets(grey_dataset: Path) -> None:
+    key = key_for(grey_dataset, num_partitions=40, **{"partition": "dirichlet-topup"})
+    sizes = [len(client_splits(key, pid)["train"]) + len(client_splits(key, pid)["test"])
+             for pid in range(40)]  # fmt: skip
+    assert min(sizes) >= 5 and sum(sizes) == 400
