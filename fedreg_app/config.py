@@ -163,15 +163,22 @@ def threshold_statistic_or_count(threshold: str) -> str | int:
     raise AssertionError("unreachable")
 
 
+SECOND_SPLITS = ("test", "valid", "validation")  # merged with train into one pool
+
+
 def check_dataset_path(dataset_path: str) -> Path:
-    """A local dataset folder must hold ``train.parquet`` and ``test.parquet`` (hub layout)."""
+    """A local dataset folder in hub layout: ``train.parquet`` and a second split,
+    ``test.parquet`` (or ``valid``/``validation``, as Tiny-ImageNet names it)."""
     folder = Path(dataset_path).expanduser()
-    missing = [name for name in ("train.parquet", "test.parquet") if not (folder / name).is_file()]
+    missing = [] if (folder / "train.parquet").is_file() else ["train.parquet"]
+    if not any((folder / f"{name}.parquet").is_file() for name in SECOND_SPLITS):
+        missing.append("test.parquet")
     if missing:
         raise ConfigError(
             f"dataset-path={dataset_path!r}: {', '.join(missing)} not found in "
             f"{folder.resolve()}; expected a folder with train.parquet and test.parquet "
-            'in Hugging Face layout, or dataset-path="" to load the hub dataset'
+            '(or valid.parquet) in Hugging Face layout, or dataset-path="" to load the hub '
+            "dataset"
         )
     return folder.resolve()
 

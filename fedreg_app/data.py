@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
+from fedreg_app.config import SECOND_SPLITS, ConfigError, RunConfig, check_dataset_path
 from fedreg_app.persist import digest, load_arrays, load_json, save_arrays, save_json
 
 if TYPE_CHECKING:  # imported where used: a deployed client whose partition is already on
@@ -112,16 +112,15 @@ class CanonicalPool:
     the partition is then drawn from that subset as usual."""
 
     def __init__(self, fraction: float = 1.0, seed: int = 0) -> None:
-        from flwr_datasets.preprocessor import Merger
-
-        self._merge = Merger({"train": ("train", "test")})
         self.fraction, self.seed = fraction, seed
 
     def __call__(self, dataset: DatasetDict) -> DatasetDict:
         from datasets import ClassLabel, DatasetDict
         from datasets import Image as ImageFeature
+        from flwr_datasets.preprocessor import Merger
 
-        pool = self._merge(dataset)["train"]
+        splits = tuple(dataset)  # train + test, or train + valid (Tiny-ImageNet), ...
+        pool = Merger({"train": splits})(dataset)["train"]
         image_column = _find_column(pool, IMAGE_COLUMNS, ImageFeature, "image")
         label_column = _find_column(pool, LABEL_COLUMNS, ClassLabel, "label")
         renames = {image_column: "image", label_column: "label"}
@@ -146,8 +145,9 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
         folder = Path(key.dataset_path)
         name = "parquet"
         load_kwargs["data_files"] = {
-            "train": str(folder / "train.parquet"),
-            "test": str(folder / "test.parquet"),
+            split: str(folder / f"{split}.parquet")
+            for split in ("train", *SECOND_SPLITS)
+            if (folder / f"{split}.parquet").is_file()
         }
     return FederatedDataset(
         dataset=name,
@@ -191,13 +191,29 @@ def label_partitioner(key: PartitionKey):
 def dataset_info(fds: FederatedDataset) -> DatasetInfo:
     """Number of classes from the label feature, image shape from the first image."""
     pool = fds.load_split("train")
-    first = _decode_images(pool.select([0]))
+    channels = _pool_channels(pool)
+    first = _decode_images(pool.select([0]), channels)
     return DatasetInfo(
         num_classes=pool.features["label"].num_classes,
-        channels=int(first.shape[1]),
+        channels=channels,
         height=int(first.shape[2]),
         width=int(first.shape[3]),
     )
+
+
+GREY_MODES = ("L", "1", "I", "I;16")
+
+
+def _pool_channels(pool: Dataset, sample: int = 512) -> int:
+    """3 if any of a seeded sample of images is in colour, else 1: some datasets
+    (Tiny-ImageNet) mix grey images into a colour set, and every client must agree."""
+    from datasets import Image as ImageFeature
+
+    rng = np.random.default_rng(0)
+    rows = sorted(rng.choice(len(pool), size=min(sample, len(pool)), replace=False).tolist())
+    raw = pool.select(rows).cast_column("image", ImageFeature(decode=False))["image"]
+    grey = all(Image.open(io.BytesIO(item["bytes"])).mode in GREY_MODES for item in raw)
+    return 1 if grey else 3
 
 
 def _find_column(pool: Dataset, preferred: tuple[str, ...], kind: type, role: str) -> str:
@@ -214,21 +230,22 @@ def _find_column(pool: Dataset, preferred: tuple[str, ...], kind: type, role: st
     )
 
 
-def _decode_images(ds: Dataset) -> torch.Tensor:
-    """Decode image bytes with PIL directly (about 3x faster than HF's numpy format)."""
+def _decode_images(ds: Dataset, channels: int) -> torch.Tensor:
+    """Decode image bytes with PIL directly (about 3x faster than HF's numpy format), to
+    the dataset's number of channels."""
     from datasets import Image as ImageFeature
 
     raw = ds.cast_column("image", ImageFeature(decode=False))["image"]
     images = [Image.open(io.BytesIO(item["bytes"])) for item in raw]
-    mode = "L" if images and images[0].mode in ("L", "1", "I", "I;16") else "RGB"
+    mode = "L" if channels == 1 else "RGB"
     pixels = np.stack([np.asarray(img.convert(mode), dtype=np.uint8) for img in images])
     pixels = pixels[:, None, :, :] if pixels.ndim == 3 else pixels.transpose(0, 3, 1, 2)
     return torch.from_numpy(np.ascontiguousarray(pixels))
 
 
-def _to_tensors(ds: Dataset) -> TensorData:
+def _to_tensors(ds: Dataset, channels: int) -> TensorData:
     labels = torch.as_tensor(np.asarray(ds["label"], dtype=np.int64))
-    return TensorData(x=_decode_images(ds), y=labels)
+    return TensorData(x=_decode_images(ds, channels), y=labels)
 
 
 @cache
@@ -267,15 +284,18 @@ def load_client_data(key: PartitionKey, partition_id: int) -> ClientData:
     split = client_splits(key, partition_id)
     return ClientData(
         partition_id=partition_id,
-        train=_to_tensors(split["train"]),
-        test=_to_tensors(split["test"]),
+        train=_to_tensors(split["train"], load_info(key).channels),
+        test=_to_tensors(split["test"], load_info(key).channels),
     )
 
 
 def load_union_test_set(key: PartitionKey) -> TensorData:
     """The global test set: the union of every client's test split (paper, Section 4.1).
     Only the test splits are decoded: this is the ServerApp's copy."""
-    parts = [_to_tensors(client_splits(key, pid)["test"]) for pid in range(key.num_partitions)]
+    channels = load_info(key).channels
+    parts = [
+        _to_tensors(client_splits(key, pid)["test"], channels) for pid in range(key.num_partitions)
+    ]
     return TensorData(x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]))
 
 

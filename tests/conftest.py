@@ -20,6 +20,25 @@ def grey_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def cifar100_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """uoft-cs/cifar100's layout: ``img``, ``fine_label`` and ``coarse_label``."""
+    return write_image_dataset(
+        tmp_path_factory.mktemp("cifar100"), channels=3, size=32, image_column="img",
+        label_column="fine_label", num_classes=20, coarse_classes=5,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_imagenet_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """zh-plus/tiny-imagenet's layout: 64x64 colour with a few grey images, splits
+    ``train`` and ``valid``."""
+    return write_image_dataset(
+        tmp_path_factory.mktemp("tiny"), channels=3, size=64, num_classes=20,
+        second_split="valid", grey_every=7,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
 def colour_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """CIFAR-like: RGB 32x32 with columns ``img`` / ``label``."""
     return write_image_dataset(

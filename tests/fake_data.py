@@ -36,19 +36,29 @@ def write_image_dataset(
     image_column: str = "image",
     label_column: str = "label",
     seed: int = 0,
+    second_split: str = "test",
+    grey_every: int = 0,
+    coarse_classes: int = 0,
 ) -> Path:
-    """Write ``train.parquet`` and ``test.parquet`` into ``folder``; returns the folder."""
+    """Write ``train.parquet`` and ``<second_split>.parquet`` into ``folder``; returns the
+    folder. ``grey_every`` > 0 stores every n-th image in grey (Tiny-ImageNet mixes a few
+    into its colour images); ``coarse_classes`` adds a ``coarse_label`` column (CIFAR-100)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    features = Features(
-        {
-            image_column: ImageFeature(),
-            label_column: ClassLabel(names=[f"class{c}" for c in range(num_classes)]),
-        }
-    )
-    for split, count in (("train", n_train), ("test", n_test)):
+    columns = {
+        image_column: ImageFeature(),
+        label_column: ClassLabel(names=[f"class{c}" for c in range(num_classes)]),
+    }
+    if coarse_classes:
+        columns["coarse_label"] = ClassLabel(names=[f"super{c}" for c in range(coarse_classes)])
+    features = Features(columns)
+    for split, count in (("train", n_train), (second_split, n_test)):
         labels = rng.integers(0, num_classes, size=count)
         images = [class_image(int(c), rng, channels, size) for c in labels]
+        if grey_every:
+            images = [im.convert("L") if i % grey_every == 0 else im for i, im in enumerate(images)]
         data = {image_column: images, label_column: labels.tolist()}
+        if coarse_classes:
+            data["coarse_label"] = (labels % coarse_classes).tolist()
         Dataset.from_dict(data, features=features).to_parquet(str(folder / f"{split}.parquet"))
     return folder

@@ -132,3 +132,20 @@ def test_dirichlet_topup_through_flwr_datasets(grey_dataset: Path) -> None:
     sizes = [len(client_splits(key, pid)["train"]) + len(client_splits(key, pid)["test"])
              for pid in range(40)]  # fmt: skip
     assert min(sizes) >= 5 and sum(sizes) == 400
+
+
+def test_cifar100_layout_uses_the_fine_labels(cifar100_like: Path) -> None:
+    key = key_for(cifar100_like, num_partitions=2, alpha=100.0)
+    info = load_info(key)
+    assert (info.num_classes, info.channels, info.height) == (20, 3, 32)
+    assert int(load_client_data(key, 0).train.y.max()) >= 5  # fine labels, not the 5 coarse
+
+
+def test_tiny_imagenet_layout_valid_split_and_mixed_grey(tiny_imagenet_like: Path) -> None:
+    key = key_for(tiny_imagenet_like, num_partitions=2, alpha=100.0)
+    info = load_info(key)
+    assert (info.channels, info.height, info.width) == (3, 64, 64)  # grey images -> RGB
+    client = load_client_data(key, 1)
+    assert client.train.x.shape[1:] == (3, 64, 64) and client.test.x.shape[1:] == (3, 64, 64)
+    assert len(load_union_test_set(key)) + sum(len(load_client_data(key, p).train)
+                                               for p in range(2)) == 400  # fmt: skip

@@ -153,3 +153,30 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(
         assert a["personal_accuracy"] == pytest.approx(b["personal_accuracy"], abs=1e-6)
     heads = list((tmp_path / "state-part" / "runs").glob("*/partition-*/head_p.npz"))
     assert heads  # the private heads lived on disk, where the resumed run found them
+
+
+@pytest.mark.parametrize(
+    ("dataset_fixture", "model_keys"),
+    [
+        ("cifar100_like", "model='convnet'"),
+        ("tiny_imagenet_like", "model='cnn' head-depth=1"),
+        ("grey_dataset", "model='mlp' head-depth=1"),
+    ],
+)
+def test_datasets_and_models_run_end_to_end(
+    superlink: LocalSuperLink,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    dataset_fixture: str,
+    model_keys: str,
+) -> None:
+    dataset = request.getfixturevalue(dataset_fixture)
+    results_dir = tmp_path / "results"
+    log = flwr_run(
+        superlink,
+        f"algo='fedreg' dataset-path='{dataset}' results-dir='{results_dir}' {model_keys} "
+        "num-server-rounds=2 local-epochs=1 fraction-train=0.5 min-partition-size=5 alpha=1.0",
+    )
+    results = results_of(results_dir)
+    assert results["run"]["status"] == "completed", log[-3000:]
+    assert all(0.0 <= r["global_accuracy"] <= 1.0 for r in results["rounds"])
