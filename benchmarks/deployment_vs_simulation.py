@@ -68,6 +68,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--algo", default="fedreg")
     parser.add_argument("--data-fraction", type=float, default=0.05)
+    parser.add_argument(
+        "--node-threads",
+        type=int,
+        default=1,
+        help="torch threads per SuperNode's ClientApp (0: torch's default)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="deploy_vs_sim_"))
@@ -84,7 +90,12 @@ def main() -> None:
 
     dep_dir = work / "deployment"
     nodes = [
-        {"partition-id": i, "num-partitions": args.clients, "state-dir": str(work / f"node{i}")}
+        {
+            "partition-id": i,
+            "num-partitions": args.clients,
+            "state-dir": str(work / f"node{i}"),
+            "num-threads": args.node_threads,
+        }
         for i in range(args.clients)
     ]
     with LocalDeployment(work / "deploy", nodes, extra_env=OFFLINE) as deployment:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 
+import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
@@ -32,6 +33,7 @@ from strategies.base import ARRAYS, CONFIG, METRICS, SERVER_ROUND, STATE_KEY
 NUM_PARTITIONS = "num-partitions"
 DATASET_PATH = "dataset-path"
 STATE_DIR = "state-dir"
+NUM_THREADS = "num-threads"
 
 app = ClientApp()
 
@@ -44,6 +46,7 @@ class NodeSettings:
     num_partitions: int
     dataset_path: str = ""  # the device's own copy; overrides the run config's
     state_dir: str = ""  # where private state and decoded data survive restarts
+    num_threads: int = 0  # torch threads per ClientApp process (0: torch's default)
 
     @classmethod
     def from_context(cls, context: Context) -> NodeSettings:
@@ -64,6 +67,7 @@ class NodeSettings:
             num_partitions,
             str(node.get(DATASET_PATH, "")),
             str(node.get(STATE_DIR, "")),
+            int(node.get(NUM_THREADS, 0)),
         )
 
 
@@ -82,6 +86,8 @@ def state_dir_of(node: NodeSettings, config: RunConfig) -> Path | None:
 def client_setup(context: Context) -> ClientSetup:
     config = RunConfig.from_run_config(context.run_config)
     node = NodeSettings.from_context(context)
+    if node.num_threads > 0:  # several SuperNodes on one device: don't oversubscribe it
+        torch.set_num_threads(node.num_threads)
     if node.dataset_path:
         check_dataset_path(node.dataset_path)
         config = dataclasses.replace(config, dataset_path=node.dataset_path)

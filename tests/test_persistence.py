@@ -173,3 +173,18 @@ def test_skewed_participation_favours_some_clients_and_is_seeded() -> None:
     assert uniform.max() / uniform.sum() < 0.1  # about 1/20 each
     assert skewed.max() / skewed.sum() > 0.1  # Dirichlet(0.3): a few clients dominate
     assert np.array_equal(skewed, counts(0.3, 1))  # same seed, same draws
+
+
+def test_node_settings_from_the_node_config() -> None:
+    from flwr.app import Context
+
+    from fedreg_app.client_app import NodeSettings
+
+    node = {"partition-id": 2, "num-partitions": 30, "state-dir": "/state/n2", "num-threads": 1}
+    settings = NodeSettings.from_context(Context(1, 1, node, RecordDict(), {}))
+    assert (settings.partition_id, settings.num_partitions) == (2, 30)
+    assert (settings.state_dir, settings.num_threads, settings.dataset_path) == ("/state/n2", 1, "")
+    with pytest.raises(ConfigError, match="partition-id=30 is not allowed"):
+        NodeSettings.from_context(Context(1, 1, {**node, "partition-id": 30}, RecordDict(), {}))
+    with pytest.raises(ConfigError, match="node config lacks 'num-partitions'"):
+        NodeSettings.from_context(Context(1, 1, {"partition-id": 0}, RecordDict(), {}))
