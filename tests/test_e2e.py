@@ -155,13 +155,12 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(
     assert heads  # the private heads lived on disk, where the resumed run found them
 
 
+# One case keeps CI short: the layout furthest from the default (64x64 colour with grey
+# images, a ``valid`` split) with the related papers' CNN. CIFAR-100's layout and the MLP
+# are covered by unit tests (test_data, test_models) and the device benchmark.
 @pytest.mark.parametrize(
     ("dataset_fixture", "model_keys"),
-    [
-        ("cifar100_like", "model='convnet'"),
-        ("tiny_imagenet_like", "model='cnn' head-depth=1"),
-        ("grey_dataset", "model='mlp' head-depth=1"),
-    ],
+    [("tiny_imagenet_like", "model='cnn' head-depth=1")],
 )
 def test_datasets_and_models_run_end_to_end(
     superlink: LocalSuperLink,
