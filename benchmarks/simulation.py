@@ -32,33 +32,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.launcher import LocalSuperLink, descendants
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 # ------------------------------------------------------------------ memory
-def children_map() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            tree.setdefault(int(fields[1]), []).append(int(entry.name))
-    return tree
-
-
 def tree_rss_mib(root: int) -> tuple[float, float]:
     """(total, largest single process) resident memory of ``root`` and its descendants."""
-    tree, stack, sizes = children_map(), [root], []
-    while stack:
-        pid = stack.pop()
+    sizes = []
+    for pid in [root, *descendants(root)]:
         with contextlib.suppress(OSError):  # the process ended meanwhile
             sizes.append(int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20)
-        stack.extend(tree.get(pid, []))
     return sum(sizes), max(sizes, default=0.0)
 
 

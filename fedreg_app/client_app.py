@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import INFO
@@ -148,26 +148,37 @@ def timings(received: float, computed: float) -> dict[str, float]:
     return {COMPUTE_SECONDS: computed, HANDLER_SECONDS: time.perf_counter() - received}
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+Work = Callable[[ClientProcedure, dict, int], tuple[dict, dict | None]]
+
+
+def handle(msg: Message, context: Context, work: Work) -> Message:
+    """Set up, restore private state, run ``work`` (metrics, and arrays to send or None),
+    persist what changed, reply with the metrics and the seconds spent."""
     received = time.perf_counter()
     setup = client_setup(context)
     with persistent_state(msg, context, setup):
         procedure, arrays, server_round = procedure_for(setup, msg)
         started = time.perf_counter()
-        result = procedure.train(arrays, server_round)
-    payload = to_record(result.arrays)
+        metrics, reply_arrays = work(procedure, arrays, server_round)
+    records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
     seconds = timings(received, time.perf_counter() - started)
-    return reply(msg, procedure, result.metrics, seconds, **{ARRAYS: payload})
+    return reply(msg, procedure, metrics, seconds, **records)
+
+
+def train_work(procedure: ClientProcedure, arrays: dict, server_round: int) -> tuple:
+    result = procedure.train(arrays, server_round)
+    return result.metrics, result.arrays
+
+
+def evaluate_work(procedure: ClientProcedure, arrays: dict, server_round: int) -> tuple:
+    return procedure.evaluate(arrays, server_round), None
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    return handle(msg, context, train_work)
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    received = time.perf_counter()
-    setup = client_setup(context)
-    with persistent_state(msg, context, setup):
-        procedure, arrays, server_round = procedure_for(setup, msg)
-        started = time.perf_counter()
-        metrics = procedure.evaluate(arrays, server_round)
-    seconds = timings(received, time.perf_counter() - started)
-    return reply(msg, procedure, metrics, seconds)
+    return handle(msg, context, evaluate_work)

@@ -15,9 +15,7 @@ TLS; without it everything runs ``--insecure``, which is for loopback experiment
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -25,7 +23,14 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fedreg_app.launcher import BIN, PROJECT, QUIET_OFFLINE_ENV, free_port
+from fedreg_app.launcher import (
+    BIN,
+    PROJECT,
+    QUIET_OFFLINE_ENV,
+    free_port,
+    kill_tree,
+    stop_process,
+)
 
 CONNECTION = "local-deploy"
 
@@ -37,50 +42,6 @@ def _toml_value(value: Any) -> str:
 def node_config_arg(config: dict[str, Any]) -> str:
     """``--node-config`` text: ``partition-id=0 num-partitions=3 state-dir="/x"``."""
     return " ".join(f"{key}={_toml_value(value)}" for key, value in config.items())
-
-
-def descendants(pid: int) -> list[int]:
-    """PIDs of every process below ``pid`` (from /proc), children first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, stack = [], list(children.get(pid, []))
-    while stack:
-        child = stack.pop()
-        found.append(child)
-        stack.extend(children.get(child, []))
-    return found
-
-
-def kill_tree(process: subprocess.Popen | None) -> None:
-    """SIGKILL a process and everything below it at once, like a machine losing power."""
-    if process is None or process.poll() is not None:
-        return
-    for pid in [*descendants(process.pid), process.pid]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    process.wait(timeout=30)
-
-
-def stop_process(process: subprocess.Popen | None, grace: float = 20.0) -> None:
-    """SIGTERM the process's group, SIGKILL it if it lingers."""
-    if process is None or process.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 class LocalDeployment:

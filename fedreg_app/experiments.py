@@ -347,6 +347,15 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def declared_overrides(pairs: list[str], declared: dict[str, Any]) -> dict[str, Any]:
+    """``--set`` pairs, each key one the app declares (flwr rejects any other)."""
+    overrides = parse_overrides(pairs)
+    unknown = sorted(set(overrides) - set(declared))
+    if unknown:
+        raise ConfigError(f"--set: keys not in [tool.flwr.app.config]: {unknown}")
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fedreg-experiment",
@@ -364,10 +373,7 @@ def main(argv: list[str] | None = None) -> int:
 
     declared = declared_run_config()
     try:
-        overrides = parse_overrides(args.set)
-        unknown = sorted(set(overrides) - set(declared))
-        if unknown:
-            raise ConfigError(f"--set: keys not in [tool.flwr.app.config]: {unknown}")
+        overrides = declared_overrides(args.set, declared)
         experiments = [Experiment.load(path, declared) for path in args.configs]
         algos = tuple(a.strip() for a in args.algos.split(",")) if args.algos else None
         specs = plan(experiments, args.out, declared, overrides, args.seeds, algos)

@@ -36,6 +36,52 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def descendants(pid: int) -> list[int]:
+    """PIDs of every process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, stack = [], list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, []))
+    return found
+
+
+def kill_tree(process: subprocess.Popen | None) -> None:
+    """SIGKILL a process and everything below it at once, like a machine losing power."""
+    if process is None or process.poll() is not None:
+        return
+    for pid in [*descendants(process.pid), process.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def stop_process(process: subprocess.Popen | None, grace: float = 20.0) -> None:
+    """SIGTERM the process's group (it was started in its own session), SIGKILL it if it
+    lingers. Its group is signalled even if the process itself has exited, so nothing it
+    started is left behind."""
+    if process is None:
+        return
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 class LocalSuperLink:
     """A simulation SuperLink on loopback for the duration of a ``with`` block."""
 
@@ -107,19 +153,9 @@ class LocalSuperLink:
 
     def stop(self) -> None:
         """SIGTERM the SuperLink's process group, then SIGKILL what is left."""
-        if self.process is None:
-            return
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self._log.close()
+        stop_process(self.process)
+        if self.process is not None:
+            self._log.close()
         self.process = None
 
     def command(self, run_config: str, supernodes: int, cpus_per_client: int) -> list[str]:

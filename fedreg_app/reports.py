@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _classes_main(argv: list[str]) -> int:
-    from fedreg_app.experiments import declared_run_config, parse_overrides  # imports us
+    from fedreg_app.experiments import declared_overrides, declared_run_config  # imports us
 
     parser = argparse.ArgumentParser(
         prog="fedreg-report classes",
@@ -361,10 +361,7 @@ def _classes_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     declared = declared_run_config()
     try:
-        overrides = parse_overrides(args.set)
-        unknown = sorted(set(overrides) - set(declared))
-        if unknown:
-            raise ConfigError(f"--set: keys not in [tool.flwr.app.config]: {unknown}")
+        overrides = declared_overrides(args.set, declared)
         path = class_distribution_report({**declared, **overrides}, args.clients, args.out)
     except ConfigError as err:
         parser.error(str(err))
