@@ -11,6 +11,8 @@ Augmentation ``simple`` (thesis Table 5.1's best): random horizontal flip, rando
 saturation; skipped for single-channel images) and a random affine shift of up to 5% with
 scale 0.95-1.05. Mild on purpose: the thesis (Fig. 5.5/5.6) found strong augmentation
 hurts the small ConvNet. ``auto``: torchvision's AutoAugment with its CIFAR-10 policy.
+Text (character indices) has no label-preserving augmentation of this kind: an under-full
+class is topped up with exact copies of its own samples (oversampling).
 """
 
 from __future__ import annotations
@@ -97,8 +99,7 @@ def build_rebalanced(
     counts = train.class_counts(num_classes)
     t = class_threshold(counts, threshold)
     rng = np.random.default_rng(seed)
-    _, channels, height, width = train.x.shape
-    transform = augmentation(augment, channels, height, width)
+    transform = augmentation(augment, *train.x.shape[1:]) if train.x.dtype == torch.uint8 else None
     xs, ys, flags = [], [], []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(rng.integers(2**31)))  # torchvision draws from torch's RNG
@@ -111,7 +112,11 @@ def build_rebalanced(
                 flags.append(torch.zeros(t, dtype=torch.bool))
             else:
                 sources = rng.choice(members, size=t - n_c, replace=True)
-                generated = torch.stack([_augment_one(transform, train.x[i]) for i in sources])
+                generated = (
+                    torch.stack([_augment_one(transform, train.x[i]) for i in sources])
+                    if transform is not None
+                    else train.x[torch.as_tensor(sources)]  # text: copies
+                )
                 xs.extend([train.x[torch.as_tensor(members)], generated])
                 flags.extend(
                     [torch.zeros(n_c, dtype=torch.bool), torch.ones(t - n_c, dtype=torch.bool)]

@@ -17,8 +17,10 @@ THRESHOLD_STATISTICS = ("mean", "median", "max", "secmin")
 AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 HEAD_DEPTHS = (1, 2, 3)
-MODELS = ("convnet", "mlp", "cnn")
-PARTITIONS = ("dirichlet", "dirichlet-topup", "shard")
+MODELS = ("convnet", "mlp", "cnn", "charlstm")
+PARTITIONS = ("dirichlet", "dirichlet-topup", "shard", "natural")
+#: Models whose head is a single Linear layer: ``head-depth`` must be 1.
+ONE_LAYER_HEADS = {"mlp": "input -> 100 -> classes", "charlstm": "LSTM -> Linear(256, vocab)"}
 
 
 class ConfigError(ValueError):
@@ -117,8 +119,12 @@ class RunConfig:
             _fail("model", self.model, f"one of {', '.join(MODELS)}")
         if self.head_depth not in HEAD_DEPTHS:
             _fail("head-depth", self.head_depth, f"one of {HEAD_DEPTHS}")
-        if self.model == "mlp" and self.head_depth != 1:
-            _fail("head-depth", self.head_depth, "1 with model='mlp' (input -> 100 -> classes)")
+        if self.model in ONE_LAYER_HEADS and self.head_depth != 1:
+            _fail(
+                "head-depth",
+                self.head_depth,
+                f"1 with model='{self.model}' ({ONE_LAYER_HEADS[self.model]})",
+            )
         if self.augment not in AUGMENTATIONS:
             _fail("augment", self.augment, f"one of {', '.join(AUGMENTATIONS)}")
         if self.device not in DEVICES:
@@ -167,18 +173,16 @@ SECOND_SPLITS = ("test", "valid", "validation")  # merged with train into one po
 
 
 def check_dataset_path(dataset_path: str) -> Path:
-    """A local dataset folder in hub layout: ``train.parquet`` and a second split,
-    ``test.parquet`` (or ``valid``/``validation``, as Tiny-ImageNet names it)."""
+    """A local dataset folder in hub layout: ``train.parquet`` and, where the dataset has
+    one, a second split ``test.parquet`` (or ``valid``/``validation``, as Tiny-ImageNet
+    names it). Shakespeare has a train split only."""
     folder = Path(dataset_path).expanduser()
-    missing = [] if (folder / "train.parquet").is_file() else ["train.parquet"]
-    if not any((folder / f"{name}.parquet").is_file() for name in SECOND_SPLITS):
-        missing.append("test.parquet")
-    if missing:
+    if not (folder / "train.parquet").is_file():
         raise ConfigError(
-            f"dataset-path={dataset_path!r}: {', '.join(missing)} not found in "
-            f"{folder.resolve()}; expected a folder with train.parquet and test.parquet "
-            '(or valid.parquet) in Hugging Face layout, or dataset-path="" to load the hub '
-            "dataset"
+            f"dataset-path={dataset_path!r}: train.parquet not found in {folder.resolve()}; "
+            "expected a folder with train.parquet (and test.parquet or valid.parquet if the "
+            'dataset has a second split) in Hugging Face layout, or dataset-path="" to load '
+            "the hub dataset"
         )
     return folder.resolve()
 

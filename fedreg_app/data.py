@@ -1,10 +1,15 @@
-"""Federated image data: flwr-datasets partitioning, decoded once into uint8 tensors.
+"""Federated data: flwr-datasets partitioning, decoded once into tensors.
 
 Pipeline (FedReG paper, Section 4.1): merge the dataset's train and test splits, partition
 the pool over the clients by label with Dirichlet(alpha), then split each client's data
 75% train / 25% test with a seeded split. The global test set is the union of all client
 test splits. Images are decoded once per process and kept as ``uint8`` tensors
 ``(N, C, H, W)``; they are normalised per batch by :func:`normalise`.
+
+Text (LEAF Shakespeare, ``flwrlabs/shakespeare``: 80-character snippets ``x`` and the next
+character ``y``, one client per speaking role) is encoded once into ``int16`` character
+indices ``(N, 80)`` over LEAF's 80-character vocabulary, and partitioned by its natural
+client id (``partition = "natural"``).
 """
 
 from __future__ import annotations
@@ -30,22 +35,44 @@ if TYPE_CHECKING:  # imported where used: a deployed client whose partition is a
 
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "fine_label")
+#: Next-character prediction: the input snippet and the character that follows it.
+TEXT_COLUMNS = ("x", "y")
+#: Columns naming a sample's natural client (LEAF: Shakespeare's role, FEMNIST's writer).
+NATURAL_ID_COLUMNS = ("character_id", "writer_id", "user_id", "client_id")
+NATURAL_ID = "natural_id"
 TEST_FRACTION = 0.25
+IMAGE, TEXT = "image", "text"
+
+#: LEAF Shakespeare's vocabulary: newline, space, 14 punctuation marks, digits, letters.
+VOCABULARY = (
+    "\n !\"&'(),-.0123456789:;>?"
+    + "".join(map(chr, range(ord("A"), ord("Z") + 1)))
+    + "[]"
+    + "".join(map(chr, range(ord("a"), ord("z") + 1)))
+    + "}"
+)
+#: Characters outside the vocabulary are read as a space.
+_CHAR_INDEX = np.full(256, VOCABULARY.index(" "), dtype=np.int16)
+_CHAR_INDEX[[ord(c) for c in VOCABULARY]] = np.arange(len(VOCABULARY), dtype=np.int16)
 
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What a model needs to know about the data: shape and number of classes."""
+    """What a model needs to know about the data: shape and number of classes. For text,
+    ``width`` is the sequence length (``channels`` and ``height`` are 1) and the classes
+    are the vocabulary."""
 
     num_classes: int
     channels: int
     height: int
     width: int
+    modality: str = IMAGE
 
 
 @dataclass(frozen=True, eq=False)
 class TensorData:
-    """Decoded samples: ``x`` uint8 ``(N, C, H, W)``, ``y`` int64 ``(N,)``.
+    """Decoded samples: ``x`` uint8 images ``(N, C, H, W)`` or int16 character indices
+    ``(N, L)``, ``y`` int64 ``(N,)``.
 
     Compared and hashed by identity, so per-process caches can key on the object."""
 
@@ -105,8 +132,9 @@ def normalise(x: torch.Tensor) -> torch.Tensor:
 
 class CanonicalPool:
     """flwr-datasets preprocessor: merge train+test into one pool named ``train`` and
-    rename the image and label columns to ``image`` / ``label``, so that everything
-    downstream (the partitioner included) sees one schema whatever the dataset.
+    rename the input and label columns to ``image`` (or ``text``) / ``label``, and a
+    natural client id, if the dataset has one, to ``natural_id``: everything downstream
+    (the partitioner included) sees one schema whatever the dataset.
 
     ``fraction`` < 1 keeps a seeded random subset of the pool (quick checks on a laptop);
     the partition is then drawn from that subset as usual."""
@@ -121,10 +149,15 @@ class CanonicalPool:
 
         splits = tuple(dataset)  # train + test, or train + valid (Tiny-ImageNet), ...
         pool = Merger({"train": splits})(dataset)["train"]
-        image_column = _find_column(pool, IMAGE_COLUMNS, ImageFeature, "image")
-        label_column = _find_column(pool, LABEL_COLUMNS, ClassLabel, "label")
-        renames = {image_column: "image", label_column: "label"}
-        pool = pool.select_columns([image_column, label_column]).rename_columns(
+        if _is_text(pool):
+            renames = {TEXT_COLUMNS[0]: TEXT, TEXT_COLUMNS[1]: "label"}
+        else:
+            image_column = _find_column(pool, IMAGE_COLUMNS, ImageFeature, "image")
+            label_column = _find_column(pool, LABEL_COLUMNS, ClassLabel, "label")
+            renames = {image_column: IMAGE, label_column: "label"}
+        natural = [name for name in NATURAL_ID_COLUMNS if name in pool.features][:1]
+        renames |= {name: NATURAL_ID for name in natural}
+        pool = pool.select_columns(list(renames)).rename_columns(
             {old: new for old, new in renames.items() if old != new}
         )
         if self.fraction < 1:
@@ -161,9 +194,16 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
 def label_partitioner(key: PartitionKey):
     """Dirichlet(alpha) label skew (the FedReG paper), or "hold c classes" shards: each
     client gets ``shard-classes`` classes, drawn at random with the seed, and an equal
-    share of each of its classes (``003``, Section 1.3; thesis Fig. 3.1)."""
+    share of each of its classes (``003``, Section 1.3; thesis Fig. 3.1), or the
+    dataset's natural clients (LEAF Shakespeare's speaking roles)."""
     from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
 
+    if key.partition == "natural":
+        from fedreg_app.partitioners import NaturalIdSubsetPartitioner
+
+        return NaturalIdSubsetPartitioner(
+            key.num_partitions, NATURAL_ID, key.min_partition_size, key.seed
+        )
     if key.partition == "dirichlet-topup":
         from fedreg_app.partitioners import TopUpDirichletPartitioner
 
@@ -189,8 +229,12 @@ def label_partitioner(key: PartitionKey):
 
 
 def dataset_info(fds: FederatedDataset) -> DatasetInfo:
-    """Number of classes from the label feature, image shape from the first image."""
+    """Number of classes from the label feature, image shape from the first image (text:
+    the vocabulary, and the first snippet's length)."""
     pool = fds.load_split("train")
+    if TEXT in pool.features:
+        length = len(pool[0][TEXT])
+        return DatasetInfo(len(VOCABULARY), channels=1, height=1, width=length, modality=TEXT)
     channels = _pool_channels(pool)
     first = _decode_images(pool.select([0]), channels)
     return DatasetInfo(
@@ -214,6 +258,30 @@ def _pool_channels(pool: Dataset, sample: int = 512) -> int:
     raw = pool.select(rows).cast_column("image", ImageFeature(decode=False))["image"]
     grey = all(Image.open(io.BytesIO(item["bytes"])).mode in GREY_MODES for item in raw)
     return 1 if grey else 3
+
+
+def _is_text(pool: Dataset) -> bool:
+    """Next-character data: string columns ``x`` (snippet) and ``y`` (next character)."""
+    from datasets import Value
+
+    features = pool.features
+    return all(
+        isinstance(features.get(name), Value) and features[name].dtype in ("string", "large_string")
+        for name in TEXT_COLUMNS
+    )
+
+
+def encode_text(snippets: list[str]) -> torch.Tensor:
+    """Snippets of equal length to ``int16`` vocabulary indices ``(N, L)``, vectorised:
+    one byte per character (others read as a space), then a table lookup."""
+    if not snippets:
+        return torch.zeros((0, 0), dtype=torch.int16)
+    length = len(snippets[0])
+    if any(len(text) != length for text in snippets):
+        raise ValueError(f"text snippets must all have {length} characters")
+    raw = "".join(snippets).encode("latin-1", errors="replace")
+    codes = _CHAR_INDEX[np.frombuffer(raw, dtype=np.uint8)].reshape(len(snippets), length)
+    return torch.from_numpy(codes.copy())
 
 
 def _find_column(pool: Dataset, preferred: tuple[str, ...], kind: type, role: str) -> str:
@@ -244,13 +312,23 @@ def _decode_images(ds: Dataset, channels: int) -> torch.Tensor:
 
 
 def _to_tensors(ds: Dataset, channels: int) -> TensorData:
+    if TEXT in ds.features:
+        labels = encode_text([c[:1] or " " for c in ds["label"]]).reshape(-1).long()
+        return TensorData(x=encode_text(ds[TEXT]), y=labels)
     labels = torch.as_tensor(np.asarray(ds["label"], dtype=np.int64))
     return TensorData(x=_decode_images(ds, channels), y=labels)
 
 
 @cache
 def load_info(key: PartitionKey) -> DatasetInfo:
-    return dataset_info(federated_dataset(key))
+    info = dataset_info(federated_dataset(key))
+    if info.modality == TEXT and key.partition != "natural":
+        raise ConfigError(
+            f"partition={key.partition!r} is not allowed for a next-character dataset "
+            f"({key.dataset_path or key.dataset}): expected 'natural' (one client per "
+            "speaking role, as LEAF partitions Shakespeare)"
+        )
+    return info
 
 
 @cache
@@ -264,6 +342,8 @@ def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
     try:
         partition = fds.load_partition(partition_id, "train")
     except ValueError as err:
+        if key.partition == "natural":
+            raise ConfigError(f"partition='natural': {err}") from err
         if key.partition == "shard":
             raise ConfigError(
                 f"partition='shard', shard-classes={key.shard_classes}: flwr-datasets could not "

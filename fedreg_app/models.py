@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.data import DatasetInfo
+from fedreg_app.data import IMAGE, TEXT, DatasetInfo
 from fedreg_app.persist import load_arrays
 
 BASE = "base"
@@ -112,7 +112,54 @@ def cnn_layers(info: DatasetInfo) -> list[nn.Module]:
     ]  # fmt: skip
 
 
-MODELS = {"convnet": convnet_layers, "mlp": mlp_layers, "cnn": cnn_layers}
+class CharEmbedding(nn.Embedding):
+    """Embedding of int16 character indices (kept compact in memory, widened here)."""
+
+    def forward(self, indices: torch.Tensor) -> torch.Tensor:
+        return super().forward(indices.long())
+
+
+class LastStepLSTM(nn.Module):
+    """A stacked LSTM over the sequence; its output is the last step's hidden state,
+    the feature the next-character head reads."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(input_size, hidden_size, num_layers, batch_first=True)
+
+    def forward(self, sequence: torch.Tensor) -> torch.Tensor:
+        outputs, _ = self.lstm(sequence)
+        return outputs[:, -1, :]
+
+
+def charlstm_layers(info: DatasetInfo) -> list[nn.Module]:
+    """``003``'s next-character model (from FedAvg's Shakespeare LSTM): embedding 8, two
+    LSTM layers of 256, Linear -> vocabulary. Base: embedding + LSTM; head: the Linear."""
+    return [
+        CharEmbedding(info.num_classes, 8),
+        LastStepLSTM(8, 256, num_layers=2),
+        nn.Linear(256, info.num_classes),
+    ]
+
+
+MODELS = {
+    "convnet": convnet_layers,
+    "mlp": mlp_layers,
+    "cnn": cnn_layers,
+    "charlstm": charlstm_layers,
+}
+#: The kind of data each model reads.
+MODEL_MODALITY = {"convnet": IMAGE, "mlp": IMAGE, "cnn": IMAGE, "charlstm": TEXT}
+
+
+def check_model_fits(info: DatasetInfo, model: str) -> None:
+    """Image models need images, ``charlstm`` needs next-character text."""
+    if MODEL_MODALITY[model] != info.modality:
+        allowed = [name for name, kind in MODEL_MODALITY.items() if kind == info.modality]
+        raise ConfigError(
+            f"model={model!r} is not allowed for this dataset ({info.modality} data): "
+            f"expected one of {', '.join(allowed)}"
+        )
 
 
 def _conv_out(size: int) -> int:
@@ -146,6 +193,7 @@ def build_model(
 ) -> SplitModel:
     """Seeded initialisation: every process builds the identical initial model, so a
     client can recreate "the initial head" for its private head without asking."""
+    check_model_fits(info, model)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         base_layers, head_layers = split_layers(MODELS[model](info), head_depth)

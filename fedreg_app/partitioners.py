@@ -1,4 +1,13 @@
-"""A flwr-datasets partitioner for many clients under strong label skew.
+"""flwr-datasets partitioners the library does not have.
+
+``NaturalIdSubsetPartitioner``: the dataset's own clients (LEAF Shakespeare's speaking
+roles), any number of them: flwr-datasets' ``NaturalIdPartitioner`` always makes one
+partition per id (1,129 roles for Shakespeare), which a laptop cannot simulate. Here
+``num_partitions`` roles are drawn with the seed from those with at least
+``min_partition_size`` samples (LEAF's own ``--sf`` user sampling does the same), and
+partition ``i`` is all samples of the ``i``-th drawn role.
+
+``TopUpDirichletPartitioner``: many clients under strong label skew.
 
 flwr-datasets' ``DirichletPartitioner`` redraws the whole Dirichlet assignment until every
 client has ``min_partition_size`` samples, at most 10 times. With 500 clients and alpha 0.1
@@ -41,6 +50,53 @@ class TopUpDirichletPartitioner(Partitioner):
                 labels, self._num_partitions, self._alpha, self._min_size, self._seed
             )
         return self.dataset.select(self._indices[partition_id].tolist())
+
+
+class NaturalIdSubsetPartitioner(Partitioner):
+    def __init__(
+        self, num_partitions: int, partition_by: str, min_partition_size: int, seed: int
+    ) -> None:
+        super().__init__()
+        self._num_partitions = num_partitions
+        self._partition_by = partition_by
+        self._min_size = min_partition_size
+        self._seed = seed
+        self._indices: list[np.ndarray] | None = None
+
+    @property
+    def num_partitions(self) -> int:
+        return self._num_partitions
+
+    def load_partition(self, partition_id: int) -> Dataset:
+        if self._indices is None:
+            if self._partition_by not in self.dataset.column_names:
+                raise ValueError(
+                    "partition='natural' needs a natural client id column (character_id, "
+                    f"writer_id, user_id or client_id); the dataset has {self.dataset.column_names}"
+                )
+            ids = np.asarray(self.dataset[self._partition_by])
+            self._indices = natural_id_subset(ids, self._num_partitions, self._min_size, self._seed)
+        return self.dataset.select(self._indices[partition_id].tolist())
+
+
+def natural_id_subset(
+    ids: np.ndarray, num_partitions: int, min_size: int, seed: int
+) -> list[np.ndarray]:
+    """Per partition, the sorted sample indices of one natural id, ``num_partitions`` ids
+    drawn with the seed (in sorted-id order, so the draw does not depend on row order)
+    among those with at least ``min_size`` samples."""
+    names, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    eligible = np.flatnonzero(counts >= min_size)
+    if num_partitions > eligible.size:
+        raise ValueError(
+            f"{num_partitions} clients asked for, but only {eligible.size} of the {names.size} "
+            f"natural clients have at least min-partition-size={min_size} samples"
+        )
+    rng = np.random.default_rng([seed, 0x1D])
+    chosen = np.sort(rng.choice(eligible, size=num_partitions, replace=False))
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    return [order[starts[c] : starts[c + 1]] for c in chosen]
 
 
 def dirichlet_topup(

@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.fake_data import write_image_dataset  # noqa: E402
+from tests.fake_data import write_image_dataset, write_text_dataset  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +36,18 @@ def tiny_imagenet_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tmp_path_factory.mktemp("tiny"), channels=3, size=64, num_classes=20,
         second_split="valid", grey_every=7,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def shakespeare_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """flwrlabs/shakespeare's layout: one ``train`` split, ``character_id``/``x``/``y``."""
+    return write_text_dataset(tmp_path_factory.mktemp("shakespeare"))
+
+
+@pytest.fixture(scope="session")
+def emnist_letters_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tanganke/emnist_letters' layout: grey 28x28 ``image``, ``label`` of 26 letters."""
+    return write_image_dataset(tmp_path_factory.mktemp("emnist"), num_classes=26)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,10 @@
-"""Tiny generated image datasets in Hugging Face hub layout (train/test parquet files with
-``Image`` and ``ClassLabel`` features), so tests never need a download or ``../shared``.
+"""Tiny generated datasets in Hugging Face hub layout, so tests never need a download or
+``../shared``: images (train/test parquet files with ``Image`` and ``ClassLabel``
+features) and next-character text (LEAF Shakespeare's ``character_id``, ``x``, ``y``).
 
-Each class draws a bright square at its own position on a noisy background: learnable in a
-few steps, so end-to-end tests can check that accuracy rises above chance.
+Each image class draws a bright square at its own position on a noisy background:
+learnable in a few steps, so end-to-end tests can check that accuracy rises above chance.
+Each speaker of the text data repeats its own line, so the next character is predictable.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from datasets import ClassLabel, Dataset, Features
+from datasets import ClassLabel, Dataset, Features, Value
 from datasets import Image as ImageFeature
 from PIL import Image
 
@@ -61,4 +63,39 @@ def write_image_dataset(
         if coarse_classes:
             data["coarse_label"] = (labels % coarse_classes).tolist()
         Dataset.from_dict(data, features=features).to_parquet(str(folder / f"{split}.parquet"))
+    return folder
+
+
+SPEAKER_LINES = (
+    "Now is the winter of our discontent made glorious summer by this sun of York; ",
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind. ",
+    "All the world's a stage, and all the men and women merely players; exeunt. ",
+    "If music be the food of love, play on; give me excess of it, that surfeiting ",
+    "O Romeo, Romeo! wherefore art thou Romeo? Deny thy father and refuse thy name; ",
+    "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not... ",
+)
+
+
+def write_text_dataset(
+    folder: Path, *, speakers: int = 6, samples: int = 40, length: int = 80, seed: int = 0
+) -> Path:
+    """``train.parquet`` only, as ``flwrlabs/shakespeare``: ``character_id`` (one per
+    speaker, ``PLAY_ROLE``), ``x`` (``length`` characters) and ``y`` (the next one).
+    Speaker ``k`` has ``samples + 5 k`` snippets of its own repeated line, plus a character
+    outside LEAF's vocabulary now and then (read as a space)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    rows: dict[str, list[str]] = {"character_id": [], "x": [], "y": []}
+    for k in range(speakers):
+        text = SPEAKER_LINES[k % len(SPEAKER_LINES)] * 8
+        text = text.replace("q", "\u00e6") if k == 1 else text
+        for _ in range(samples + 5 * k):
+            start = int(rng.integers(0, len(text) - length - 1))
+            rows["character_id"].append(f"PLAY{k % 2}_ROLE{k}")
+            rows["x"].append(text[start : start + length])
+            rows["y"].append(text[start + length])
+    order = rng.permutation(len(rows["x"]))  # speakers interleaved, as in the real file
+    data = {name: [values[i] for i in order] for name, values in rows.items()}
+    features = Features({name: Value("string") for name in rows})
+    Dataset.from_dict(data, features=features).to_parquet(str(folder / "train.parquet"))
     return folder

@@ -35,9 +35,11 @@ def test_bad_value_names_key_and_allowed_values(key: str, value: object, allowed
 
 
 def test_dataset_path_without_parquet_files_is_rejected(tmp_path) -> None:
-    (tmp_path / "train.parquet").write_bytes(b"")
-    with pytest.raises(ConfigError, match=r"dataset-path=.*test\.parquet not found"):
+    (tmp_path / "test.parquet").write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"dataset-path=.*train\.parquet not found"):
         RunConfig.from_run_config({"dataset-path": str(tmp_path)})
+    (tmp_path / "train.parquet").write_bytes(b"")  # a train split alone is a dataset
+    RunConfig.from_run_config({"dataset-path": str(tmp_path)})
 
 
 def test_wrong_type_is_rejected() -> None:

@@ -149,3 +149,59 @@ def test_tiny_imagenet_layout_valid_split_and_mixed_grey(tiny_imagenet_like: Pat
     assert client.train.x.shape[1:] == (3, 64, 64) and client.test.x.shape[1:] == (3, 64, 64)
     assert len(load_union_test_set(key)) + sum(len(load_client_data(key, p).train)
                                                for p in range(2)) == 400  # fmt: skip
+
+
+def test_emnist_letters_layout_has_26_grey_classes(emnist_letters_like: Path) -> None:
+    info = load_info(key_for(emnist_letters_like, num_partitions=2, alpha=100.0))
+    assert (info.num_classes, info.channels, info.height, info.width) == (26, 1, 28, 28)
+    assert info.modality == "image"
+
+
+def shakespeare_key(path: Path, num_partitions: int = 4, **overrides) -> PartitionKey:
+    return key_for(path, num_partitions, partition="natural", **overrides)
+
+
+def test_shakespeare_is_text_over_leaf_vocabulary(shakespeare_like: Path) -> None:
+    info = load_info(shakespeare_key(shakespeare_like))
+    assert (info.modality, info.num_classes, info.width) == ("text", 80, 80)
+    client = load_client_data(shakespeare_key(shakespeare_like), 0)
+    assert client.train.x.dtype == torch.int16 and client.train.x.shape[1] == 80
+    assert int(client.train.x.max()) < 80 and int(client.train.y.max()) < 80
+
+
+def test_natural_partition_is_one_speaker_per_client_seeded(shakespeare_like: Path) -> None:
+    import pandas as pd
+
+    frame = pd.read_parquet(shakespeare_like / "train.parquet")
+    per_speaker = frame.groupby("character_id").size().to_dict()
+    key = shakespeare_key(shakespeare_like, num_partitions=4, seed=3)
+    chosen = []
+    for pid in range(4):
+        split = client_splits(key, pid)
+        speakers = set(split["train"]["natural_id"]) | set(split["test"]["natural_id"])
+        assert len(speakers) == 1  # every sample of a client is its one speaker's
+        (speaker,) = speakers
+        assert len(split["train"]) + len(split["test"]) == per_speaker[speaker]  # all of them
+        chosen.append(speaker)
+    assert len(set(chosen)) == 4  # 4 of the 6 speakers, each once
+    again = shakespeare_key(shakespeare_like, num_partitions=4, seed=3)
+    client_splits.cache_clear()
+    assert set(client_splits(again, 0)["train"]["natural_id"]) == {chosen[0]}
+
+
+def test_natural_partition_errors_name_the_keys(shakespeare_like: Path) -> None:
+    with pytest.raises(ConfigError, match="min-partition-size=55"):
+        client_splits(shakespeare_key(shakespeare_like, **{"min-partition-size": 55}), 0)
+    with pytest.raises(ConfigError, match="partition='dirichlet' is not allowed"):
+        load_info(key_for(shakespeare_like, partition="dirichlet"))
+
+
+def test_encode_text_reads_unknown_characters_as_space() -> None:
+    from fedreg_app.data import VOCABULARY, encode_text
+
+    codes = encode_text(["ab\u00e6}", "\n A?"])
+    space = VOCABULARY.index(" ")
+    assert codes.tolist() == [
+        [VOCABULARY.index("a"), VOCABULARY.index("b"), space, VOCABULARY.index("}")],
+        [0, space, VOCABULARY.index("A"), VOCABULARY.index("?")],
+    ]

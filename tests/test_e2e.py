@@ -179,3 +179,29 @@ def test_datasets_and_models_run_end_to_end(
     results = results_of(results_dir)
     assert results["run"]["status"] == "completed", log[-3000:]
     assert all(0.0 <= r["global_accuracy"] <= 1.0 for r in results["rounds"])
+
+
+def test_shakespeare_with_the_char_lstm_from_a_pretrained_model(
+    superlink: LocalSuperLink, tmp_path: Path, shakespeare_like: Path
+) -> None:
+    """LEAF Shakespeare's layout, natural per-speaker clients, ``003``'s CharLSTM, started
+    from a model file (``init-model``): the path a user of ``003`` takes."""
+    from fedreg_app.persist import save_arrays
+
+    text = DatasetInfo(num_classes=80, channels=1, height=1, width=80, modality="text")
+    pretrained = build_model(text, head_depth=1, seed=123, model="charlstm")
+    init_file = tmp_path / "pretrained.npz"
+    save_arrays(init_file, pretrained.group_state(BASE, HEAD_G))
+    results_dir = tmp_path / "results"
+    log = flwr_run(
+        superlink,
+        f"algo='fedreg' dataset-path='{shakespeare_like}' results-dir='{results_dir}' "
+        f"model='charlstm' head-depth=1 partition='natural' init-model='{init_file}' "
+        "num-server-rounds=2 local-epochs=1 fraction-train=0.5 min-partition-size=5",
+    )
+    results = results_of(results_dir)
+    assert results["run"]["status"] == "completed", log[-3000:]
+    assert results["config"]["init-model"] == str(init_file)
+    for record in results["rounds"]:
+        assert 0.0 <= record["global_accuracy"] <= 1.0
+        assert len(record["client_accuracies"]) == 4  # 4 of the 6 speakers

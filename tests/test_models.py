@@ -127,3 +127,25 @@ def test_cnn_of_the_related_papers(channels: int, size: int, flat: int) -> None:
     assert shapes["base.7.weight"] == (512, flat)
     assert shapes["head_g.0.weight"] == (10, 512)
     assert model(torch.zeros(2, channels, size, size)).shape == (2, 10)
+
+
+def test_charlstm_embedding_8_two_lstm_layers_of_256_and_a_linear_head() -> None:
+    from fedreg_app.config import ConfigError, RunConfig
+
+    text = DatasetInfo(num_classes=80, channels=1, height=1, width=80, modality="text")
+    model = build_model(text, head_depth=1, seed=0, private_head=True, model="charlstm")
+    lstm = model.base[1].lstm
+    assert model.base[0].embedding_dim == 8 and model.base[0].num_embeddings == 80
+    assert (lstm.input_size, lstm.hidden_size, lstm.num_layers) == (8, 256, 2)
+    assert [k for k in model.state_dict() if k.startswith("head_g")] == [
+        "head_g.0.weight", "head_g.0.bias"
+    ]  # fmt: skip
+    x = torch.randint(0, 80, (3, 80), dtype=torch.int16)
+    assert model(x).shape == (3, 80) and model.head_p(model.base(x)).shape == (3, 80)
+    with pytest.raises(ConfigError, match="head-depth=2 is not allowed.*charlstm"):
+        RunConfig.from_run_config({"model": "charlstm", "head-depth": 2})
+    image = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
+    with pytest.raises(ConfigError, match="model='charlstm' is not allowed.*convnet"):
+        build_model(image, head_depth=1, seed=0, model="charlstm")
+    with pytest.raises(ConfigError, match="model='convnet' is not allowed.*charlstm"):
+        build_model(text, head_depth=2, seed=0, model="convnet")

@@ -94,3 +94,14 @@ def test_cache_builds_once_per_train_split() -> None:
     assert cached_rebalanced(data, 10, "mean", "simple", 0) is first
     assert cached_rebalanced(data, 10, "max", "simple", 0) is not first
     assert len(cached_rebalanced(other, 10, "mean", "simple", 0).data) == 6
+
+
+def test_text_classes_are_topped_up_with_copies_of_their_own_snippets() -> None:
+    ys = torch.cat([torch.full((n,), c) for c, n in enumerate(COUNTS)]).long()
+    x = torch.randint(0, 80, (len(ys), 80), dtype=torch.int16)
+    rebalanced = build_rebalanced(TensorData(x=x, y=ys), 80, "max", "simple", seed=0)
+    assert rebalanced.data.x.dtype == torch.int16
+    for c in (2, 3, 5, 9):
+        own = {bytes(row.numpy()) for row in x[ys == c]}
+        mine = rebalanced.data.x[rebalanced.data.y == c]
+        assert len(mine) == 30 and {bytes(row.numpy()) for row in mine} == own
