@@ -16,6 +16,9 @@ from fedreg_app.models import BASE
 
 
 class FedBABUClient(ClientProcedure):
+    #: The head is the shared initial one, which the client builds itself.
+    shared_groups = (BASE,)
+
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)
         processed = self.fit(

@@ -13,13 +13,17 @@ import numpy as np
 
 from clients.base import TrainResult
 from clients.fedbabu import FedBABUClient
-from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.models import BASE, HEAD_G, group_of
 
 FINETUNE_PHASE = "deviation-finetune"
 
 
 class FedBABUDeviationClient(FedBABUClient):
-    shared_groups = (BASE, HEAD_G)
+    def load_global(self, arrays: dict[str, np.ndarray]) -> None:
+        """The base always; the head once the server sends it (from the fine-tune phase
+        on; before, it is the initial head the client holds already)."""
+        sent = {group_of(key) for key in arrays}
+        self.model.load_group_state(arrays, *(g for g in (BASE, HEAD_G) if g in sent))
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         if not self.server_config.get(FINETUNE_PHASE, False):

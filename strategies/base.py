@@ -93,6 +93,8 @@ class PersonalizedStrategy(Strategy):
 
     #: For each parameter group clients send: the train-reply metric that weights it.
     group_weights: Mapping[str, str] = {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES}
+    #: The groups clients receive; None: the whole global model.
+    sent_groups: tuple[str, ...] | None = None
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -183,9 +185,12 @@ class PersonalizedStrategy(Strategy):
 
     # ------------------------------------------------------------ training
     def arrays_to_send(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """What clients receive, for training and evaluation alike (default: the whole
-        global model). Parts the server keeps only for the global figure stay out."""
-        return arrays
+        """What clients receive, for training and evaluation alike: the ``sent_groups``
+        (default: the whole global model). Parts the server keeps only for the global
+        figure, or that clients already hold, stay out."""
+        if self.sent_groups is None:
+            return arrays
+        return {key: value for key, value in arrays.items() if group_of(key) in self.sent_groups}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -1,4 +1,6 @@
-"""FedBABU server: only the base is aggregated; the head stays at its initialisation."""
+"""FedBABU server: only the base is aggregated and sent; the head stays at its
+initialisation, which every client already holds (seeded, or the ``init-model`` file),
+so it never travels: a round costs the base only, as in ``004_…``'s cost comparison."""
 
 from __future__ import annotations
 
@@ -9,3 +11,4 @@ from strategies.base import PersonalizedStrategy
 
 class FedBABUStrategy(PersonalizedStrategy):
     group_weights = {BASE: NUM_EXAMPLES}
+    sent_groups = (BASE,)

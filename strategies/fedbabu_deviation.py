@@ -72,6 +72,11 @@ class FedBABUDeviationStrategy(FedBABUStrategy):
             return {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES}
         return {BASE: NUM_EXAMPLES}
 
+    @property
+    def sent_groups(self) -> tuple[str, ...]:  # type: ignore[override]
+        """The base, and the head from the fine-tune phase on (it trains from then)."""
+        return (BASE, HEAD_G) if self.fine_tune_round is not None else (BASE,)
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:

@@ -70,6 +70,17 @@ def test_fedbabu_head_never_moves_in_training_and_finetuning_is_not_kept() -> No
     assert len(client.setup.state) == 0  # ...and nothing is stored on the client
 
 
+def test_fedbabu_server_sends_only_the_base_and_clients_hold_the_same_initial_head() -> None:
+    from strategies.fedbabu import FedBABUStrategy
+
+    sent = FedBABUStrategy(RunConfig()).arrays_to_send(global_arrays())
+    assert set(sent) == set(group(global_arrays(), BASE))  # the fixed head never travels
+    base_only = FedBABUClient(make_setup(algo="fedbabu", **{"finetune-epochs": 1}))
+    with_head = FedBABUClient(make_setup(algo="fedbabu", **{"finetune-epochs": 1}))
+    assert base_only.evaluate(sent, 1) == with_head.evaluate(global_arrays(), 1)
+    assert same(base_only.model.group_state(BASE), with_head.model.group_state(BASE))
+
+
 def test_fedbabu_feature_finetuning_equals_finetuning_through_the_frozen_base() -> None:
     """Head fine-tuning on cached features == on images with the base frozen."""
     a = FedBABUClient(make_setup(algo="fedbabu", **{"finetune-epochs": 1}))

@@ -95,13 +95,14 @@ def model_bytes(*groups: str) -> int:
 
 
 def check_costs(algo: str, rounds: list[dict]) -> None:
-    """Every round records traffic, trained parameters and client time; FedAvg and FedPer
-    send exactly what they should: 2 sampled clients train, all 4 evaluate in round 2."""
+    """Every round records traffic, trained parameters and client time; FedAvg, FedPer and
+    FedBABU send exactly what they should: 2 sampled clients train, all 4 evaluate in
+    round 2."""
     for record in rounds:
         assert record["bytes_to_clients"] > 0 and record["bytes_from_clients"] > 0
         assert record["trained_parameters"] > 0
         assert 0 < record["client_compute_seconds"] <= record["client_handler_seconds"]
-    sent = {"fedavg": (BASE, HEAD_G), "fedper": (BASE,)}.get(algo)
+    sent = {"fedavg": (BASE, HEAD_G), "fedper": (BASE,), "fedbabu": (BASE,)}.get(algo)
     if sent:
         size = model_bytes(*sent)
         assert rounds[0]["bytes_to_clients"] == 2 * size  # training only

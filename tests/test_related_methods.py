@@ -153,3 +153,14 @@ def test_deviation_client_fine_tunes_base_and_head_only_when_told() -> None:
     client = FedBABUDeviationClient(setup)
     client.server_config = {FINETUNE_PHASE: True}
     assert client.train(global_arrays(), 7).arrays.keys() == global_arrays().keys()
+    base_only = {k: v for k, v in global_arrays().items() if k.startswith(BASE + ".")}
+    assert layers_of(FedBABUDeviationClient(setup).train(base_only, 1).arrays) <= ALL_BASE
+
+
+def test_deviation_server_sends_the_head_only_from_the_fine_tune_phase_on() -> None:
+    strategy = FedBABUDeviationStrategy(
+        RunConfig.from_run_config({"num-server-rounds": 6, "deviation-finetune-rounds": 2})
+    )
+    assert {k.split(".")[0] for k in strategy.arrays_to_send(global_arrays())} == {BASE}
+    strategy.fine_tune_round = 3
+    assert strategy.arrays_to_send(global_arrays()).keys() == global_arrays().keys()
