@@ -75,12 +75,20 @@ def _atomic_write(path: Path, text: str) -> None:
 class ResultsWriter:
     """Owns one run folder; ``add`` appends a round and rewrites both files."""
 
-    def __init__(self, folder: Path, config: dict[str, Any], run: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        config: dict[str, Any],
+        run: dict[str, Any],
+        rounds: list[RoundRecord] | None = None,
+    ) -> None:
+        """A new run (no ``rounds``), or one continued with the rounds it keeps; ``run``
+        keeps its ``started`` time if it has one."""
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.run = {**run, "status": "running", "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        self.rounds: list[RoundRecord] = []
+        self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run, "status": "running"}
+        self.rounds: list[RoundRecord] = list(rounds or [])
         self._write()
 
     @classmethod
@@ -90,17 +98,16 @@ class ResultsWriter:
         """Continue a run folder: its rounds up to the checkpoint's are kept (a round
         written after the last checkpoint is dropped, to be run again)."""
         document = json.loads((folder / "results.json").read_text())
-        writer = cls.__new__(cls)
-        writer.folder, writer.config = folder, config
         resumes = [*document["run"].get("resumed", []), {
             "run_id": run["run_id"], "after_round": after_round,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }]  # fmt: skip
-        writer.run = {**document["run"], **run, "status": "running", "resumed": resumes}
-        writer.run["run_id"] = document["run"]["run_id"]  # the first run's id names the folder
-        writer.rounds = [RoundRecord(**r) for r in document["rounds"][:after_round]]
-        writer._write()
-        return writer
+        continued = {
+            **document["run"], **run, "resumed": resumes,
+            "run_id": document["run"]["run_id"],  # the first run's id names the folder
+        }  # fmt: skip
+        kept = [RoundRecord(**r) for r in document["rounds"][:after_round]]
+        return cls(folder, config, continued, kept)
 
     @property
     def json_path(self) -> Path:
