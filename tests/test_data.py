@@ -205,3 +205,40 @@ def test_encode_text_reads_unknown_characters_as_space() -> None:
         [VOCABULARY.index("a"), VOCABULARY.index("b"), space, VOCABULARY.index("}")],
         [0, space, VOCABULARY.index("A"), VOCABULARY.index("?")],
     ]
+
+
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """NIST's IDX format, gzip-compressed: magic, dimensions, unsigned bytes."""
+    import gzip
+
+    header = (0x800 + array.ndim).to_bytes(4, "big")
+    header += b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    path.write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
+
+
+def test_emnist_idx_files_become_an_upright_hub_layout_dataset(tmp_path: Path) -> None:
+    from fedreg_app.convert import main
+
+    source = tmp_path / "gzip"
+    source.mkdir()
+    rng = np.random.default_rng(0)
+    for part, count in (("train", 60), ("test", 20)):
+        images = np.zeros((count, 28, 28), dtype=np.uint8)
+        images[:, 2, 20] = 255  # stored transposed: upright, this is row 20, column 2
+        write_idx(source / f"emnist-balanced-{part}-images-idx3-ubyte.gz", images)
+        labels = rng.integers(0, 5, size=count)
+        write_idx(source / f"emnist-balanced-{part}-labels-idx1-ubyte.gz", labels)
+    (source / "emnist-balanced-mapping.txt").write_text("0 48\n1 49\n2 65\n3 66\n4 97\n")
+    assert main(["emnist", str(source), str(tmp_path / "out"), "--split", "balanced"]) == 0
+    key = key_for(tmp_path / "out", num_partitions=2, alpha=100.0)
+    info = load_info(key)
+    assert (info.num_classes, info.channels, info.height, info.width) == (5, 1, 28, 28)
+    image = load_client_data(key, 0).train.x[0, 0]
+    assert image[20, 2] == 255 and image[2, 20] == 0
+    names = (
+        pytest.importorskip("datasets")
+        .load_dataset("parquet", data_files=str(tmp_path / "out" / "test.parquet"))["train"]
+        .features["label"]
+        .names
+    )
+    assert names == ["0", "1", "A", "B", "a"]
