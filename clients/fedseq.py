@@ -6,8 +6,12 @@ at the rounds in ``fedseq-unfreeze-rounds`` ("1,4,7": the first at round 1, the 
 round 4, ...; empty: evenly spread over the training rounds): Vanilla from the input side,
 Anti from the output side. A layer once unfrozen stays so. Only unfrozen base layers are
 trained, sent and aggregated; frozen ones stay at the seeded initialisation, identical on
-every client. The last ``fedseq-finetune-rounds`` (F) rounds fine-tune base + head on all
-clients, aggregated as FedAvg. The personal model is the global one.
+every client. The last ``fedseq-finetune-rounds`` (F) rounds fine-tune base + head on every
+client, locally (``004``'s Algorithm 1, lines 20-26, has no aggregation there): the first
+fine-tune round starts from the global model, each later one from the client's own
+fine-tuned model, kept in its state (``FINETUNED``). The personal model is that fine-tuned
+model once it exists, the global model before. The server still averages the fine-tuned
+models, but only for the evaluation-only global figure (as for FedPer).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import torch
 from clients.base import ClientProcedure, TrainResult
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.models import BASE, HEAD_G, SplitModel
+from fedreg_app.records import from_record, to_record
 
 UNFREEZE_ROUNDS = "fedseq-unfreeze-rounds"
 FINETUNE_ROUNDS = "fedseq-finetune-rounds"
+FINETUNED = "fedseq-finetuned"  # client state: the client's own fine-tuned base + head
 
 
 def base_layers(model: SplitModel) -> list[str]:
@@ -77,8 +83,10 @@ class FedSeqClient(ClientProcedure):
     anti = False
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
-        if is_finetuning(self.config, server_round):
+        finetuning = is_finetuning(self.config, server_round)
+        if finetuning:
             self.load_global(global_arrays)
+            self.restore_finetuned()
             trainable_keys = self.model.parameter_names_of(BASE, HEAD_G)
         else:
             layers = unfrozen_at(self.model, self.config, self.anti, server_round)
@@ -90,7 +98,17 @@ class FedSeqClient(ClientProcedure):
         processed = self.fit(trainable, self.cross_entropy(self.model), self.data.train,
                              self.config.local_epochs, server_round)  # fmt: skip
         state = self.model.group_state(BASE, HEAD_G)
+        if finetuning:
+            self.setup.state[FINETUNED] = to_record(state)
         return TrainResult({k: state[k] for k in trainable_keys}, self.train_metrics(processed))
+
+    def restore_finetuned(self) -> None:
+        """The client's own fine-tuned model, over the global one, once it has one."""
+        if FINETUNED in self.setup.state:
+            self.model.load_group_state(from_record(self.setup.state[FINETUNED]), BASE, HEAD_G)
+
+    def prepare_personal_model(self, server_round: int) -> None:
+        self.restore_finetuned()
 
     def load_layers(self, arrays: dict[str, np.ndarray]) -> None:
         """The unfrozen layers from the server; everything else keeps its seeded init."""

@@ -1,6 +1,9 @@
 """FedSeq server (``004_…``): in the layer-by-layer phase only the unfrozen base layers
 are sent and averaged (|D_k|); in the last ``fedseq-finetune-rounds`` rounds the whole
-model goes to every client and is averaged as FedAvg. Evaluation gets the whole model."""
+model goes to every client, which fine-tunes its own copy locally (from the second
+fine-tune round on, its own fine-tuned model: what the server sends then is not used).
+The clients' fine-tuned models are averaged only for the evaluation-only global figure.
+Evaluation gets the whole model."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 
 from clients.fedavg2rep import FedAvg2RepClient
 from clients.fedbabu_deviation import FINETUNE_PHASE, FedBABUDeviationClient
-from clients.fedseq import FedSeqClient, unfreeze_rounds
+from clients.fedseq import FINETUNED, FedSeqClient, unfreeze_rounds
 from clients.lg_fedavg import LGFedAvgClient
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.models import BASE, HEAD_G, build_model
@@ -100,6 +100,26 @@ def test_fedseq_client_trains_and_returns_only_unfrozen_layers() -> None:
     assert not same(group(result.arrays, "base"), {k: start[k] for k in result.arrays})
     finetune = FedSeqClient(make_setup(**fedseq_config())).train(start, server_round=6)
     assert finetune.arrays.keys() == start.keys()  # base + head in the last round
+
+
+def test_fedseq_fine_tunes_locally_and_evaluates_its_own_fine_tuned_model() -> None:
+    """004, Algorithm 1 lines 20-26: fine-tune rounds continue each client's own model."""
+    config = fedseq_config(**{"num-server-rounds": 7, "fedseq-finetune-rounds": 2})
+    setup = make_setup(**config)
+    start = global_arrays()
+    global_only = FedSeqClient(setup)
+    global_only.evaluate(start, server_round=5)  # no fine-tuned model yet: the global one
+    assert same(global_only.model.group_state(BASE, HEAD_G), start)
+    first = FedSeqClient(setup).train(start, server_round=6).arrays
+    assert FINETUNED in setup.state and same(from_record(setup.state[FINETUNED]), first)
+    other_global = global_arrays(seed=9)  # what the server sends is not used any more
+    second = FedSeqClient(setup).train(other_global, server_round=7).arrays
+    replay = make_setup(**config)
+    FedSeqClient(replay).train(start, server_round=6)
+    assert same(FedSeqClient(replay).train(start, server_round=7).arrays, second)
+    evaluator = FedSeqClient(setup)
+    evaluator.evaluate(other_global, server_round=7)
+    assert same(evaluator.model.group_state(BASE, HEAD_G), second)  # the personal model
 
 
 def test_fedseq_schedule_errors_name_the_key() -> None:
