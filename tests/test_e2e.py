@@ -56,9 +56,9 @@ LAYOUTS = {
     "fedavg2rep": ("emnist_letters_like", "model='cnn' head-depth=1"),
     "feddyn": ("cifar100_like", ""),
     "ditto": ("colour_dataset", ""),
-    "fedrod": ("colour_dataset", "model='cnn' head-depth=1"),
-    "fedrep": ("tiny_imagenet_like", "model='cnn' head-depth=1"),
-    "lg-fedavg": ("grey_dataset", "model='mlp' head-depth=1"),
+    "fedrod": ("colour_dataset", ""),
+    "fedrep": ("tiny_imagenet_like", "model='mlp' head-depth=1"),  # small model for 64x64
+    "lg-fedavg": ("grey_dataset", "model='cnn' head-depth=1"),
 }
 
 
