@@ -41,8 +41,10 @@ class RoundRecord:
     Costs: ``train_seconds`` / ``eval_seconds`` are the server's wall time of each phase;
     ``client_compute_seconds`` sums the clients' own work (training, evaluation) and
     ``client_handler_seconds`` their whole message handling; ``bytes_*`` count the model
-    arrays in the messages of both phases; ``trained_parameters`` sums, over the clients
-    that trained, the distinct parameters each updated."""
+    arrays in the messages of both phases, ``train_bytes_*`` those of the training phase
+    alone (what a FedSeq-style comparison needs: evaluation sends every client the model);
+    ``trained_parameters`` sums, over the clients that trained, the distinct parameters
+    each updated."""
 
     round: int
     global_accuracy: float | None
@@ -54,6 +56,8 @@ class RoundRecord:
     trained_parameters: int = 0
     bytes_to_clients: int = 0
     bytes_from_clients: int = 0
+    train_bytes_to_clients: int = 0
+    train_bytes_from_clients: int = 0
     client_compute_seconds: float = 0.0
     client_handler_seconds: float = 0.0
     server_eval_seconds: float = 0.0
@@ -129,6 +133,8 @@ class ResultsWriter:
         return {
             "total_bytes_to_clients": sum(r.bytes_to_clients for r in self.rounds),
             "total_bytes_from_clients": sum(r.bytes_from_clients for r in self.rounds),
+            "total_train_bytes_to_clients": sum(r.train_bytes_to_clients for r in self.rounds),
+            "total_train_bytes_from_clients": sum(r.train_bytes_from_clients for r in self.rounds),
             "total_trained_parameters": sum(r.trained_parameters for r in self.rounds),
             "best_global_accuracy": best_global,
             "best_personal_accuracy": best_personal,

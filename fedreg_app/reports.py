@@ -136,8 +136,8 @@ def paper_table(results: Sequence[RunResult]) -> str:
 def cost_table(results: Sequence[RunResult]) -> str:
     """Per cell (mean over seeds): traffic both ways, parameters trained and seconds per
     round; what the FedSeq paper compares and what an edge deployment pays."""
-    header = ["experiment", "cell", "MB to clients", "MB from clients", "trained params (M)",
-              "s/round (median)", "seeds"]  # fmt: skip
+    header = ["experiment", "cell", "MB to clients", "MB from clients", "training MB to / from",
+              "trained params (M)", "s/round (median)", "seeds"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (experiment, cell), runs in by_key(results, lambda r: (r.experiment, r.cell)).items():
 
@@ -151,6 +151,8 @@ def cost_table(results: Sequence[RunResult]) -> str:
         lines.append(
             f"| {experiment} | {cell.replace(CELL_SEPARATOR, ' ')} | "
             f"{mean('total_bytes_to_clients', 1e6)} | {mean('total_bytes_from_clients', 1e6)} | "
+            f"{mean('total_train_bytes_to_clients', 1e6)} / "
+            f"{mean('total_train_bytes_from_clients', 1e6)} | "
             f"{mean('total_trained_parameters', 1e6)} | {seconds:.1f} | {len(runs)} |"
         )
     return "\n".join(lines)

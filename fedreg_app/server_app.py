@@ -242,6 +242,8 @@ def run_rounds(
         record.server_eval_seconds = round(server_eval_seconds, 3)
         record.bytes_to_clients = training.bytes_sent + evaluation.bytes_sent
         record.bytes_from_clients = training.bytes_received + evaluation.bytes_received
+        record.train_bytes_to_clients = training.bytes_sent
+        record.train_bytes_from_clients = training.bytes_received
         writer.run.update(strategy.report())
         writer.add(record)
         save_checkpoint(writer.folder, server_round, arrays, strategy, config)

@@ -124,6 +124,7 @@ def check_costs(algo: str, rounds: list[dict]) -> None:
         size = model_bytes(*sent)
         assert rounds[0]["bytes_to_clients"] == 2 * size  # training only
         assert rounds[1]["bytes_to_clients"] == (2 + 4) * size  # training + evaluation
+        assert [r["train_bytes_to_clients"] for r in rounds] == [2 * size] * 3
     if algo == "fedavg":
         assert rounds[0]["bytes_from_clients"] == 2 * model_bytes(BASE, HEAD_G)
 

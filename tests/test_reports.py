@@ -52,6 +52,7 @@ def fake_run(
         "run": {"status": status, "num_clients": clients},
         "rounds": rounds,
         "total_bytes_to_clients": 4_000_000, "total_bytes_from_clients": 1_000_000,
+        "total_train_bytes_to_clients": 2_000_000, "total_train_bytes_from_clients": 1_000_000,
         "best_global_accuracy": max(g for g in globals_ if g is not None),
         "best_personal_accuracy": max(p for p in personals if p is not None),
     }  # fmt: skip
@@ -114,7 +115,7 @@ def test_cost_table_averages_traffic_over_seeds(tmp_path: Path) -> None:
     fake_run(tmp_path, "smoke", "fedseq-vanilla", 0)
     fake_run(tmp_path, "smoke", "fedseq-vanilla", 1)
     table = cost_table(collect(tmp_path)).splitlines()
-    assert table[2] == "| smoke | fedseq-vanilla | 4.0 | 1.0 | 0.0 | 3.0 | 2 |"
+    assert table[2] == "| smoke | fedseq-vanilla | 4.0 | 1.0 | 2.0 / 1.0 | 0.0 | 3.0 | 2 |"
 
 
 def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
