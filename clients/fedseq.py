@@ -17,7 +17,6 @@ models, but only for the evaluation-only global figure (as for FedPer).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from clients.base import ClientProcedure, TrainResult
 from fedreg_app.config import ConfigError, RunConfig
@@ -90,7 +89,7 @@ class FedSeqClient(ClientProcedure):
             trainable_keys = self.model.parameter_names_of(BASE, HEAD_G)
         else:
             layers = unfrozen_at(self.model, self.config, self.anti, server_round)
-            self.load_layers(of_layers(global_arrays, layers))
+            self.model.load_entries(of_layers(global_arrays, layers))  # the rest: seeded init
             trainable_keys = list(of_layers(dict.fromkeys(self.model.parameter_names_of(BASE)),
                                             layers))  # fmt: skip
         named = dict(self.model.named_parameters())
@@ -109,13 +108,6 @@ class FedSeqClient(ClientProcedure):
 
     def prepare_personal_model(self, server_round: int) -> None:
         self.restore_finetuned()
-
-    def load_layers(self, arrays: dict[str, np.ndarray]) -> None:
-        """The unfrozen layers from the server; everything else keeps its seeded init."""
-        own = self.model.state_dict()
-        with torch.no_grad():
-            for key, value in arrays.items():
-                own[key].copy_(torch.as_tensor(value))
 
 
 class FedSeqAntiClient(FedSeqClient):

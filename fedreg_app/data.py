@@ -171,7 +171,7 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
     """The flwr-datasets object for a partition key; cached so the split is computed once."""
     from flwr_datasets import FederatedDataset
 
-    partitioner = label_partitioner(key)
+    partitioner = partitioner_for(key)
     load_kwargs = {}
     name = key.dataset
     if key.dataset_path:
@@ -191,11 +191,12 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
     )
 
 
-def label_partitioner(key: PartitionKey):
-    """Dirichlet(alpha) label skew (the FedReG paper), or "hold c classes" shards: each
-    client gets ``shard-classes`` classes, drawn at random with the seed, and an equal
-    share of each of its classes (``003``, Section 1.3; thesis Fig. 3.1), or the
-    dataset's natural clients (LEAF Shakespeare's speaking roles)."""
+def partitioner_for(key: PartitionKey):
+    """The flwr-datasets partitioner of ``partition``: Dirichlet(alpha) label skew (the
+    FedReG paper, optionally topped up), "hold c classes" shards (each client gets
+    ``shard-classes`` classes, drawn with the seed, and an equal share of each; ``003``,
+    Section 1.3; thesis Fig. 3.1), or the dataset's natural clients (Shakespeare's
+    speaking roles)."""
     from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
 
     if key.partition == "natural":

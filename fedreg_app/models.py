@@ -67,6 +67,17 @@ class SplitModel(nn.Module):
             for key, tensor in own.items():
                 tensor.copy_(torch.as_tensor(given[key]))
 
+    def load_entries(self, arrays: dict[str, np.ndarray]) -> None:
+        """Copy in the given entries only (some layers of a group, a partial pre-trained
+        file); everything else keeps its values. An unknown key is an error."""
+        own = self.state_dict()
+        unknown = sorted(set(arrays) - set(own))
+        if unknown:
+            raise KeyError(f"state-dict keys {unknown} are not in this model")
+        with torch.no_grad():
+            for key, value in arrays.items():
+                own[key].copy_(torch.as_tensor(value))
+
     def parameters_of(self, *groups: str) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if group_of(name) in groups]
 
@@ -231,9 +242,7 @@ def load_pretrained(model: SplitModel, path: str) -> None:
             f"(model, head-depth, dataset), e.g. {wrong[:3]}; expected keys like "
             f"{list(own)[:2]} with the same shapes"
         )
-    with torch.no_grad():
-        for key, value in arrays.items():
-            own[key].copy_(torch.as_tensor(value))
+    model.load_entries(arrays)
 
 
 def initial_model(info: DatasetInfo, config: RunConfig, private_head: bool = False) -> SplitModel:

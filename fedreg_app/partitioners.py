@@ -21,46 +21,29 @@ starved clients get a handful of samples. Everything is drawn from the seed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner
 
 
-class TopUpDirichletPartitioner(Partitioner):
+class AssignedPartitioner(Partitioner):
+    """Partitions from one seeded assignment of the ``partition_by`` column's values to
+    clients (``assign``: values -> sorted row indices per client), computed on first use."""
+
     def __init__(
-        self, num_partitions: int, partition_by: str, alpha: float, min_partition_size: int,
-        seed: int,
-    ) -> None:  # fmt: skip
-        super().__init__()
-        self._num_partitions = num_partitions
-        self._partition_by = partition_by
-        self._alpha = alpha
-        self._min_size = min_partition_size
-        self._seed = seed
-        self._indices: list[np.ndarray] | None = None
-
-    @property
-    def num_partitions(self) -> int:
-        return self._num_partitions
-
-    def load_partition(self, partition_id: int) -> Dataset:
-        if self._indices is None:
-            labels = np.asarray(self.dataset[self._partition_by])
-            self._indices = dirichlet_topup(
-                labels, self._num_partitions, self._alpha, self._min_size, self._seed
-            )
-        return self.dataset.select(self._indices[partition_id].tolist())
-
-
-class NaturalIdSubsetPartitioner(Partitioner):
-    def __init__(
-        self, num_partitions: int, partition_by: str, min_partition_size: int, seed: int
+        self,
+        num_partitions: int,
+        partition_by: str,
+        assign: Callable[[np.ndarray], list[np.ndarray]],
+        missing_column: str = "",
     ) -> None:
         super().__init__()
         self._num_partitions = num_partitions
         self._partition_by = partition_by
-        self._min_size = min_partition_size
-        self._seed = seed
+        self._assign = assign
+        self._missing_column = missing_column or f"needs a {partition_by!r} column"
         self._indices: list[np.ndarray] | None = None
 
     @property
@@ -70,13 +53,35 @@ class NaturalIdSubsetPartitioner(Partitioner):
     def load_partition(self, partition_id: int) -> Dataset:
         if self._indices is None:
             if self._partition_by not in self.dataset.column_names:
-                raise ValueError(
-                    "partition='natural' needs a natural client id column (character_id, "
-                    f"writer_id, user_id or client_id); the dataset has {self.dataset.column_names}"
-                )
-            ids = np.asarray(self.dataset[self._partition_by])
-            self._indices = natural_id_subset(ids, self._num_partitions, self._min_size, self._seed)
+                raise ValueError(f"{self._missing_column}; the dataset has "
+                                 f"{self.dataset.column_names}")  # fmt: skip
+            self._indices = self._assign(np.asarray(self.dataset[self._partition_by]))
         return self.dataset.select(self._indices[partition_id].tolist())
+
+
+class TopUpDirichletPartitioner(AssignedPartitioner):
+    def __init__(
+        self, num_partitions: int, partition_by: str, alpha: float, min_partition_size: int,
+        seed: int,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            num_partitions,
+            partition_by,
+            lambda labels: dirichlet_topup(labels, num_partitions, alpha, min_partition_size, seed),
+        )
+
+
+class NaturalIdSubsetPartitioner(AssignedPartitioner):
+    def __init__(
+        self, num_partitions: int, partition_by: str, min_partition_size: int, seed: int
+    ) -> None:
+        super().__init__(
+            num_partitions,
+            partition_by,
+            lambda ids: natural_id_subset(ids, num_partitions, min_partition_size, seed),
+            missing_column="partition='natural' needs a natural client id column "
+            "(character_id, writer_id, user_id or client_id)",
+        )
 
 
 def natural_id_subset(

@@ -107,6 +107,9 @@ class PersonalizedStrategy(Strategy):
         self.num_partitions = 0
         self.last_sampled: list[int] = []
         self._current: dict[str, np.ndarray] = {}
+        #: The round whose training messages are being made (None otherwise, e.g. while
+        #: evaluating): ``sample_partitions`` and ``arrays_to_send`` may depend on it.
+        self.training_round: int | None = None
         #: Names the clients' on-disk state for this run (set by the ServerApp).
         self.state_key = ""
 
@@ -196,10 +199,15 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._current = from_record(arrays)
-        self.last_sampled = self.sample_partitions()
+        self.training_round = server_round
+        try:
+            self.last_sampled = self.sample_partitions()
+            sent = self.arrays_to_send(self._current)
+        finally:
+            self.training_round = None
         config[SERVER_ROUND] = server_round
         config[STATE_KEY] = self.state_key
-        record = RecordDict({ARRAYS: to_record(self.arrays_to_send(self._current)), CONFIG: config})
+        record = RecordDict({ARRAYS: to_record(sent), CONFIG: config})
         return self._messages(self.last_sampled, record, MessageType.TRAIN)
 
     def aggregate_train(

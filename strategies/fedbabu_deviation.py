@@ -61,7 +61,6 @@ class FedBABUDeviationStrategy(FedBABUStrategy):
         self.history: list[list[float]] = []  # per round: every client's accuracy
         self.sigma_rounds: list[tuple[int, float]] = []  # (round, sigma_w)
         self.fine_tune_round: int | None = None  # R
-        self._round = 0
 
     def finetuning(self, server_round: int) -> bool:
         return self.fine_tune_round is not None and server_round > self.fine_tune_round
@@ -80,12 +79,11 @@ class FedBABUDeviationStrategy(FedBABUStrategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> list[Message]:
-        self._round = server_round
         config[FINETUNE_PHASE] = self.finetuning(server_round)
         return super().configure_train(server_round, arrays, config, grid)
 
     def sample_partitions(self) -> list[int]:
-        if self.finetuning(self._round):
+        if self.training_round is not None and self.finetuning(self.training_round):
             return sorted(self.partition_nodes)  # fine-tuning involves every client
         return super().sample_partitions()
 

@@ -8,8 +8,6 @@ Evaluation gets the whole model."""
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
-from flwr.serverapp import Grid
 
 from clients.fedseq import base_layers, is_finetuning, of_layers, unfreeze_rounds, unfrozen_at
 from fedreg_app.models import SplitModel
@@ -21,30 +19,20 @@ class FedSeqStrategy(PersonalizedStrategy):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self._training_round: int | None = None
         self._model: SplitModel | None = None
 
     def prepare_model(self, model: SplitModel) -> None:
         self._model = model
         unfreeze_rounds(self.config, len(base_layers(model)))  # a bad schedule fails now
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
-        self._training_round = server_round
-        try:
-            return super().configure_train(server_round, arrays, config, grid)
-        finally:
-            self._training_round = None
-
     def sample_partitions(self) -> list[int]:
         """Fine-tuning rounds train every client (``004_…``)."""
-        if self._training_round and is_finetuning(self.config, self._training_round):
+        if self.training_round and is_finetuning(self.config, self.training_round):
             return sorted(self.partition_nodes)
         return super().sample_partitions()
 
     def arrays_to_send(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        round_ = self._training_round
+        round_ = self.training_round
         if round_ is None or self._model is None or is_finetuning(self.config, round_):
             return arrays
         return of_layers(arrays, unfrozen_at(self._model, self.config, self.anti, round_))

@@ -149,3 +149,15 @@ def test_charlstm_embedding_8_two_lstm_layers_of_256_and_a_linear_head() -> None
         build_model(image, head_depth=1, seed=0, model="charlstm")
     with pytest.raises(ConfigError, match="model='convnet' is not allowed.*charlstm"):
         build_model(text, head_depth=2, seed=0, model="convnet")
+
+
+def test_load_entries_copies_only_what_is_given_and_rejects_unknown_keys() -> None:
+    info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
+    model, other = build_model(info, 2, seed=0), build_model(info, 2, seed=1)
+    first_layer = {k: v for k, v in other.group_state(BASE).items() if k.startswith("base.0.")}
+    untouched = model.group_state(HEAD_G)
+    model.load_entries(first_layer)
+    assert all((model.group_state(BASE)[k] == v).all() for k, v in first_layer.items())
+    assert all((model.group_state(HEAD_G)[k] == v).all() for k, v in untouched.items())
+    with pytest.raises(KeyError, match="not in this model"):
+        model.load_entries({"base.99.weight": first_layer["base.0.weight"]})

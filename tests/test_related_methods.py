@@ -84,11 +84,11 @@ def test_fedseq_sends_only_unfrozen_base_layers(strategy_type, expected: dict) -
     strategy.prepare_model(model)
     arrays = model.group_state(BASE, HEAD_G)
     for server_round, layers in expected.items():
-        strategy._training_round = server_round
+        strategy.training_round = server_round
         assert layers_of(strategy.arrays_to_send(arrays)) == layers
-    strategy._training_round = 6  # fine-tuning: the whole model
+    strategy.training_round = 6  # fine-tuning: the whole model
     assert strategy.arrays_to_send(arrays).keys() == arrays.keys()
-    strategy._training_round = None  # evaluation: the whole model
+    strategy.training_round = None  # evaluation: the whole model
     assert strategy.arrays_to_send(arrays).keys() == arrays.keys()
 
 
@@ -158,7 +158,7 @@ def test_deviation_strategy_fixes_r_then_fine_tunes_everyone_and_stops() -> None
         strategy.record_accuracies(server_round, [0.5 - spread, 0.5 + spread])
     assert strategy.fine_tune_round == 6
     assert strategy.group_weights == {BASE: "num-examples", HEAD_G: "num-examples"}
-    strategy._round = 7
+    strategy.training_round = 7
     assert strategy.finetuning(7) and strategy.sample_partitions() == list(range(10))
     assert not strategy.finished(7) and strategy.finished(8)
     assert strategy.report()["fine_tune_round"] == 6
