@@ -8,7 +8,8 @@ any model is trained.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,16 @@ def check_dataset_path(dataset_path: str) -> Path:
             "the hub dataset"
         )
     return folder.resolve()
+
+
+def unknown_key_message(key: str, known: Iterable[str], where: str = "run config") -> str:
+    """Our message for a key nobody declares, with the closest declared keys."""
+    close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(repr(k) for k in close)}?" if close else ""
+    return (
+        f"{key!r} is not a key of the {where}{hint} (the declared keys are those of "
+        "[tool.flwr.app.config] in pyproject.toml)"
+    )
 
 
 def _coerce(key: str, value: Any, wanted: type) -> Any:

@@ -12,9 +12,9 @@ import json
 import os
 import tempfile
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
@@ -22,7 +22,10 @@ from flwr.app import ArrayRecord, RecordDict
 from fedreg_app.records import from_record, to_record
 
 
-def _atomic(path: Path, write) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write a file so that a reader sees the old version or the new one, never a mix:
+    a unique temporary file in the same folder, flushed and fsynced, renamed over the
+    target, then the folder fsynced so the rename itself survives a power cut."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -34,11 +37,32 @@ def _atomic(path: Path, write) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make renames and new entries in ``folder`` durable (a no-op where unsupported)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda handle: handle.write(text.encode()))
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
     """Named arrays to one ``.npz`` file, atomically."""
-    _atomic(path, lambda handle: np.savez(handle, **{k: np.asarray(v) for k, v in arrays.items()}))
+    write_atomic(
+        path, lambda handle: np.savez(handle, **{k: np.asarray(v) for k, v in arrays.items()})
+    )
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -48,7 +72,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
 
 
 def save_json(path: Path, document: Any) -> None:
-    _atomic(path, lambda handle: handle.write(json.dumps(document, indent=2).encode()))
+    write_text_atomic(path, json.dumps(document, indent=2))
 
 
 def load_json(path: Path) -> Any:

@@ -1,0 +1,45 @@
+"""The vocabulary of the wire: record names, message-config keys and metric keys that
+the ServerApp, the strategies and the client procedures exchange, in one place.
+
+Also what a key sent by the server may look like: a client joins the ``state-key`` into
+a path, so only names of the form the ServerApp generates are accepted.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Records of a message's RecordDict.
+ARRAYS = "arrays"
+METRICS = "metrics"
+CONFIG = "config"
+
+# Message config, server -> client.
+SERVER_ROUND = "server-round"
+STATE_KEY = "state-key"  # names the clients' on-disk state of this run
+
+# Node facts, client -> server (query replies) and node config keys.
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+
+# Train-reply metrics, read by the strategies.
+NUM_EXAMPLES = "num-examples"  # |D_k|: size of the client's original train split
+NUM_PROCESSED = "num-processed"  # samples passed through training this round, all epochs
+EFFECTIVE_EXAMPLES = "effective-examples"  # FedReG's e_k
+# Evaluate-reply metrics.
+NUM_TEST = "num-test"
+PERSONAL_CORRECT = "personal-correct"
+# Cost metrics of every reply (FedSeq-style comparisons, edge budgets).
+NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this round
+COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
+HANDLER_SECONDS = "handler-seconds"  # the whole message handler, setup included
+STATE_RESETS = "state-resets"  # private-state files found corrupt and started afresh
+
+#: A state key as the ServerApp makes it (a run folder's name): letters, digits, ``._-``,
+#: starting with a letter or digit, no path separators, at most 200 characters.
+STATE_KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def is_valid_state_key(key: str) -> bool:
+    """True for keys of the form the ServerApp generates (never ``..`` or a path)."""
+    return bool(STATE_KEY_PATTERN.fullmatch(key)) and ".." not in key
