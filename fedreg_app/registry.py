@@ -6,7 +6,9 @@ run-config keys of its own in pyproject.toml, where flwr looks up what it accept
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from clients.base import ClientProcedure
 from clients.ditto import DittoClient
@@ -23,6 +25,7 @@ from clients.fedrod import FedRoDClient
 from clients.fedseq import FedSeqAntiClient, FedSeqClient
 from clients.gpfl import GPFLClient
 from clients.lg_fedavg import LGFedAvgClient
+from fedreg_app.config import RunConfig
 from strategies.base import PersonalizedStrategy
 from strategies.ditto import DittoStrategy
 from strategies.fedavg import FedAvgStrategy
@@ -93,3 +96,9 @@ def get_algorithm(name: str) -> Algorithm:
             f"algo={name!r} is not allowed: expected one of {', '.join(algorithm_names())}"
         )
     return ALGORITHMS[name]
+
+
+def load_config(run_config: Mapping[str, Any]) -> RunConfig:
+    """The validated run config, the algorithm's own keys included: the one entry point
+    for the ServerApp, the ClientApp and the tools."""
+    return RunConfig.from_run_config(run_config)
