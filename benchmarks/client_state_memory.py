@@ -21,9 +21,9 @@ from flwr.app import RecordDict
 from clients.base import ClientSetup
 from clients.ditto import DittoClient
 from clients.feddyn import FedDynClient
-from fedreg_app.config import RunConfig
 from fedreg_app.data import ClientData, DatasetInfo, TensorData
 from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.registry import load_config
 
 SHAPES = {"fmnist": (1, 28), "cifar10": (3, 32)}
 PROCEDURES = {"feddyn": FedDynClient, "ditto": DittoClient}
@@ -48,7 +48,7 @@ def main() -> None:
     global_arrays = build_model(info, 2, 0).group_state(BASE, HEAD_G)
     model_mb = sum(a.nbytes for a in global_arrays.values()) / 2**20
     print(f"{args.dataset}: one model copy = {model_mb:.2f} MiB")
-    config = RunConfig.from_run_config(
+    config = load_config(
         {"algo": args.algo, "local-epochs": 1, "personal-epochs": 1, "batch-size": 4}
     )
     procedure = PROCEDURES[args.algo]

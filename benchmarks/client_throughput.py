@@ -24,7 +24,7 @@ import torch
 from flwr.app import RecordDict
 from torch.nn import functional as F  # noqa: N812
 
-from clients.base import NUM_PROCESSED, ClientSetup
+from clients.base import ClientSetup
 from fedreg_app.config import RunConfig
 from fedreg_app.data import (
     ClientData,
@@ -36,7 +36,8 @@ from fedreg_app.data import (
     normalise,
 )
 from fedreg_app.models import BASE, HEAD_G, SplitModel, build_model
-from fedreg_app.registry import algorithm_names, get_algorithm
+from fedreg_app.protocol import NUM_PROCESSED
+from fedreg_app.registry import algorithm_names, get_algorithm, load_config
 
 
 def client_data(args: argparse.Namespace, config: RunConfig) -> tuple[DatasetInfo, ClientData]:
@@ -93,7 +94,7 @@ def main() -> None:
     run_config = {"algo": args.algo, "batch-size": args.batch_size, "local-epochs": args.epochs}
     if args.dataset_path:
         run_config["dataset-path"] = args.dataset_path
-    config = RunConfig.from_run_config(run_config)
+    config = load_config(run_config)
     info, data = client_data(args, config)
     global_arrays = build_model(info, config.head_depth, config.seed).group_state(BASE, HEAD_G)
     x_float, y = normalise(data.train.x.clone()), data.train.y

@@ -40,8 +40,8 @@ def worker(args: argparse.Namespace) -> None:
 
     from fedreg_app import client_app
     from fedreg_app.persist import load_arrays
+    from fedreg_app.protocol import ARRAYS, CONFIG, SERVER_ROUND, STATE_KEY
     from fedreg_app.records import to_record
-    from strategies.base import ARRAYS, CONFIG, SERVER_ROUND, STATE_KEY
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     arrays: ArrayRecord = to_record(load_arrays(Path(args.arrays)))
@@ -99,15 +99,15 @@ def main() -> None:
         worker(args)
         return
 
-    from fedreg_app.config import RunConfig
     from fedreg_app.data import PartitionKey, load_info
     from fedreg_app.models import BASE, HEAD_G, build_model
     from fedreg_app.persist import save_arrays
+    from fedreg_app.registry import load_config
 
     run_config = {"algo": args.algo, "model": args.model, "head-depth": args.head_depth,
                   "local-epochs": args.local_epochs, "dataset-path": args.dataset_path or "",
                   "fraction-train": 0.2}  # fmt: skip
-    config = RunConfig.from_run_config(run_config)
+    config = load_config(run_config)
     info = load_info(PartitionKey.from_config(config, args.clients))
     work = Path(tempfile.mkdtemp(prefix="device_client_"))
     arrays_path = work / "global.npz"

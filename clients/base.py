@@ -17,31 +17,33 @@ from flwr.app import RecordDict
 from torch import nn
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
-from fedreg_app.config import RunConfig
+from fedreg_app.config import AlgorithmOptions, RunConfig, at_least, option
 from fedreg_app.data import ClientData, DatasetInfo, TensorData
 from fedreg_app.models import BASE, HEAD_G, SplitModel, initial_model
+from fedreg_app.protocol import (
+    NUM_EXAMPLES,
+    NUM_PROCESSED,
+    NUM_TEST,
+    NUM_TRAINED_PARAMS,
+    PERSONAL_CORRECT,
+)
 from fedreg_app.records import from_record, to_record
+from fedreg_app.seeds import torch_generator
 from fedreg_app.training import (
     EVAL_BATCH_SIZE,
     LossFn,
     batches,
     count_correct,
-    seeded_generator,
     select_device,
     train_epochs,
 )
 
-# Metric keys of a train reply, read by the strategies.
-NUM_EXAMPLES = "num-examples"  # |D_k|: size of the client's original train split
-NUM_PROCESSED = "num-processed"  # samples passed through training this round, all epochs
-# Metric keys of an evaluate reply.
-NUM_TEST = "num-test"
-PERSONAL_CORRECT = "personal-correct"
-PARTITION_ID = "partition-id"
-# Cost metrics of every reply (FedSeq-style comparisons, edge budgets).
-NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this round
-COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
-HANDLER_SECONDS = "handler-seconds"  # the whole message handler, setup included
+
+@dataclass(frozen=True)
+class PersonalEpochs(AlgorithmOptions):
+    """``personal-epochs``, shared by Ditto (v_k's epochs) and FedRep (the head's)."""
+
+    personal_epochs: int = option("personal-epochs", 5, "an integer >= 1", at_least(1))
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,14 @@ class ClientProcedure:
     #: Groups kept in the client's state between rounds: the client trains from its own
     #: copy of these, whatever the server sends.
     private_groups: tuple[str, ...] = ()
+    #: Other records the procedure keeps in the client's state (Ditto's v_k, ...).
+    state_records: tuple[str, ...] = ()
+
+    @classmethod
+    def keeps_state(cls) -> bool:
+        """Whether a client carries anything from one round to the next: a resumed run
+        then needs that state on disk."""
+        return bool(cls.private_groups or cls.state_records or cls.private_head)
 
     def __init__(self, setup: ClientSetup) -> None:
         self.setup = setup
@@ -157,8 +167,8 @@ class ClientProcedure:
             batch_size=self.config.batch_size,
             lr=self.config.lr,
             momentum=self.config.momentum,
-            generator=seeded_generator(
-                self.config.seed, self.data.partition_id, server_round, stream
+            generator=torch_generator(
+                self.config.seed, "shuffle", self.data.partition_id, server_round, stream
             ),
             device=self.device,
         )
@@ -188,10 +198,6 @@ class ClientProcedure:
 
     def cross_entropy(self, predict: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:
         return lambda x, y: F.cross_entropy(predict(x), y)
-
-    def option(self, key: str, default):
-        """An algorithm-specific run-config key (declared in pyproject.toml)."""
-        return self.config.option(key, default)
 
     def train_metrics(self, processed: int, **extra: float | int) -> dict[str, float | int]:
         return {

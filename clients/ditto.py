@@ -6,26 +6,40 @@ global model) and is the personal model at evaluation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-from clients.base import NUM_PROCESSED, TrainResult, snapshot, squared_distance
+from clients.base import PersonalEpochs, TrainResult, snapshot, squared_distance
 from clients.fedavg import FedAvgClient
+from fedreg_app.config import at_least, option
 from fedreg_app.models import BASE, HEAD_G, SplitModel
+from fedreg_app.protocol import NUM_PROCESSED
 from fedreg_app.records import from_record, to_record
 
 PERSONAL_MODEL = "ditto-personal"
 
 
+@dataclass(frozen=True)
+class DittoOptions(PersonalEpochs):
+    #: The paper gives no lambda; 0.1 is this project's choice (README key table).
+    lam: float = option("ditto-lambda", 0.1, "a number >= 0 (pull toward the global model)",
+                        at_least(0))  # fmt: skip
+
+
 class DittoClient(FedAvgClient):
+    state_records = (PERSONAL_MODEL,)
+
     def __init__(self, setup) -> None:
         super().__init__(setup)
+        self.options = self.config.options_as(DittoOptions)
         self.personal: SplitModel = self.new_model()
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)
         self.restore_personal(global_arrays)
-        lam = self.option("ditto-lambda", 0.1)
+        lam = self.options.lam
         global_weights = snapshot(self.model.parameters_of(BASE, HEAD_G))
         personal_params = self.personal.parameters_of(BASE, HEAD_G)
         ce = self.cross_entropy(self.personal)
@@ -33,7 +47,7 @@ class DittoClient(FedAvgClient):
             personal_params,
             lambda x, y: ce(x, y) + lam / 2 * squared_distance(personal_params, global_weights),
             self.data.train,
-            self.option("personal-epochs", 5),
+            self.options.personal_epochs,
             server_round,
             stream=1,
             model=self.personal,

@@ -7,14 +7,21 @@ its own head, kept in its state).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from clients.base import TrainResult
 from clients.fedavg import FedAvgClient
-from clients.fedrep import FedRepClient
+from clients.fedrep import FedRepClient, FedRepOptions
+from fedreg_app.config import at_least, option
 from fedreg_app.models import BASE, HEAD_G
 
-WARMUP_ROUNDS = "fedavg2rep-warmup-rounds"
+
+@dataclass(frozen=True)
+class FedAvg2RepOptions(FedRepOptions):
+    warmup_rounds: int = option("fedavg2rep-warmup-rounds", 5, "an integer >= 0 (T1)",
+                                at_least(0))  # fmt: skip
 
 
 def in_warmup(server_round: int, warmup_rounds: int) -> bool:
@@ -25,7 +32,7 @@ class FedAvg2RepClient(FedRepClient):
     shared_groups = (BASE, HEAD_G)  # the head too: the starting point of a first FedRep round
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
-        if in_warmup(server_round, self.option(WARMUP_ROUNDS, 5)):
+        if in_warmup(server_round, self.config.options_as(FedAvg2RepOptions).warmup_rounds):
             self.private_groups = ()  # FedAvg: nothing of the head is kept on the client
             return FedAvgClient.train(self, global_arrays, server_round)
         return super().train(global_arrays, server_round)

@@ -9,10 +9,19 @@ fine-tuning is kept. The head trains on the frozen base's features, computed onc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from clients.base import ClientProcedure, TrainResult
+from fedreg_app.config import AlgorithmOptions, at_least, option
 from fedreg_app.models import BASE
+
+
+@dataclass(frozen=True)
+class FedBABUOptions(AlgorithmOptions):
+    finetune_epochs: int = option("finetune-epochs", 10, "an integer >= 0", at_least(0))
+    finetune_base: bool = option("finetune-base", False, "true or false")
 
 
 class FedBABUClient(ClientProcedure):
@@ -31,8 +40,9 @@ class FedBABUClient(ClientProcedure):
         return TrainResult(self.model.group_state(BASE), self.train_metrics(processed))
 
     def prepare_personal_model(self, server_round: int) -> None:
-        epochs = self.option("finetune-epochs", 10)
-        if self.option("finetune-base", False):
+        options = self.config.options_as(FedBABUOptions)
+        epochs = options.finetune_epochs
+        if options.finetune_base:
             self.fit(
                 list(self.model.parameters()),
                 self.cross_entropy(self.model),

@@ -9,13 +9,38 @@ per-client accuracies are what the server tracks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from clients.base import TrainResult
 from clients.fedbabu import FedBABUClient
+from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
 from fedreg_app.models import BASE, HEAD_G, group_of
 
 FINETUNE_PHASE = "deviation-finetune"
+
+
+@dataclass(frozen=True)
+class DeviationOptions(AlgorithmOptions):
+    """w, epsilon and F of ``002_…`` eq. 7-9."""
+
+    window: int = option("deviation-window", 5, "an integer >= 1 (w)", at_least(1))
+    epsilon: float = option("deviation-epsilon", 0.001, "a number > 0", lambda v: v > 0)
+    finetune_rounds: int = option("deviation-finetune-rounds", 5, "an integer >= 1 (F)",
+                                  at_least(1))  # fmt: skip
+
+    def check(self, config: RunConfig) -> None:
+        if config.eval_every != 1:
+            raise ConfigError(
+                f"eval-every={config.eval_every} is not allowed with algo='fedbabu-deviation':"
+                " expected 1 (the fine-tune round is found from every round's accuracies)"
+            )
+        if self.finetune_rounds >= config.num_server_rounds:
+            raise ConfigError(
+                f"deviation-finetune-rounds={self.finetune_rounds} is not allowed: expected "
+                f"1..{config.num_server_rounds - 1} (fewer than num-server-rounds)"
+            )
 
 
 class FedBABUDeviationClient(FedBABUClient):

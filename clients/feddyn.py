@@ -7,12 +7,14 @@ after training becomes grad_k - alpha (w_k - w_g). alpha = ``dyn-alpha`` (0.01).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from clients.base import snapshot, squared_distance
 from clients.fedavg import FedAvgClient
+from fedreg_app.config import AlgorithmOptions, option
 from fedreg_app.models import BASE, HEAD_G
 from fedreg_app.records import from_record, to_record
 from fedreg_app.training import LossFn
@@ -20,9 +22,17 @@ from fedreg_app.training import LossFn
 CORRECTION = "feddyn-correction"
 
 
+@dataclass(frozen=True)
+class FedDynOptions(AlgorithmOptions):
+    #: The server divides by alpha (w_g = mean - h / alpha): it must be positive.
+    alpha: float = option("dyn-alpha", 0.01, "a number > 0", lambda v: v > 0)
+
+
 class FedDynClient(FedAvgClient):
+    state_records = (CORRECTION,)
+
     def local_loss(self, trainable: Sequence[nn.Parameter]) -> LossFn:
-        alpha = self.option("dyn-alpha", 0.01)
+        alpha = self.config.options_as(FedDynOptions).alpha
         self._global_weights = snapshot(trainable)
         self._correction = self.load_correction(trainable)
         ce = self.cross_entropy(self.model)
@@ -42,7 +52,7 @@ class FedDynClient(FedAvgClient):
         return [torch.as_tensor(stored[name]).to(self.device) for name in names]
 
     def after_local_training(self, trainable: Sequence[nn.Parameter]) -> None:
-        alpha = self.option("dyn-alpha", 0.01)
+        alpha = self.config.options_as(FedDynOptions).alpha
         names = self.model.parameter_names_of(BASE, HEAD_G)
         updated = {
             name: (g - alpha * (p.detach() - w_g)).cpu().numpy()

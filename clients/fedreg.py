@@ -28,35 +28,28 @@ from clients.rebalance import (
     class_threshold,
     effective_samples,
 )
-from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.config import AlgorithmOptions, option
 from fedreg_app.data import TensorData
 from fedreg_app.models import BASE, HEAD_G, HEAD_P
+from fedreg_app.protocol import EFFECTIVE_EXAMPLES
+from fedreg_app.seeds import seed_int
 
-EFFECTIVE_EXAMPLES = "effective-examples"
 HEAD_WEIGHTS = ("effective", "original")
 
 
 @dataclass(frozen=True)
-class FedReGOptions:
-    head_weight: str = "effective"
-    private_head: bool = True
-    rebalance: bool = True
-    original_step: bool = True
+class FedReGOptions(AlgorithmOptions):
+    """The switches of the paper's Section 4.7 ablations; the defaults are FedReG."""
 
-    @classmethod
-    def from_config(cls, config: RunConfig) -> FedReGOptions:
-        options = cls(
-            head_weight=config.option("fedreg-head-weight", cls.head_weight),
-            private_head=config.option("fedreg-private-head", cls.private_head),
-            rebalance=config.option("fedreg-rebalance", cls.rebalance),
-            original_step=config.option("fedreg-original-step", cls.original_step),
-        )
-        if options.head_weight not in HEAD_WEIGHTS:
-            raise ConfigError(
-                f"fedreg-head-weight={options.head_weight!r} is not allowed: expected one of "
-                f"{', '.join(HEAD_WEIGHTS)}"
-            )
-        return options
+    head_weight: str = option(
+        "fedreg-head-weight",
+        "effective",
+        f"one of {', '.join(HEAD_WEIGHTS)}",
+        lambda v: v in HEAD_WEIGHTS,
+    )
+    private_head: bool = option("fedreg-private-head", True, "true or false")
+    rebalance: bool = option("fedreg-rebalance", True, "true or false")
+    original_step: bool = option("fedreg-original-step", True, "true or false")
 
 
 class FedReGClient(ClientProcedure):
@@ -64,7 +57,7 @@ class FedReGClient(ClientProcedure):
     private_groups = (HEAD_P,)
 
     def __init__(self, setup: ClientSetup) -> None:
-        self.options = FedReGOptions.from_config(setup.config)
+        self.options = setup.config.options_as(FedReGOptions)
         if not self.options.private_head:  # ablation (b)
             self.private_head, self.private_groups = False, ()
         super().__init__(setup)
@@ -104,7 +97,7 @@ class FedReGClient(ClientProcedure):
 
     def rebalanced(self) -> RebalancedData:
         cfg = self.config
-        seed = int(np.random.SeedSequence([cfg.seed, self.data.partition_id]).generate_state(1)[0])
+        seed = seed_int(cfg.seed, "rebalance", self.data.partition_id)
         name = f"rebalanced-{self.data.partition_id}-{cfg.threshold}-{cfg.augment}-{seed}.npz"
         return cached_rebalanced(
             self.data.train,

@@ -7,23 +7,32 @@ epochs train on the frozen base's features, computed once (``fit_head``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from clients.base import TrainResult
+from clients.base import PersonalEpochs, TrainResult
 from clients.fedper import FedPerClient
+from fedreg_app.config import at_least, option
 from fedreg_app.models import BASE, HEAD_G
+
+
+@dataclass(frozen=True)
+class FedRepOptions(PersonalEpochs):
+    base_epochs: int = option("base-epochs", 1, "an integer >= 1", at_least(1))
 
 
 class FedRepClient(FedPerClient):
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
+        options = self.config.options_as(FedRepOptions)
         self.load_global(global_arrays)
         self.restore_private()
-        processed = self.fit_head(self.option("personal-epochs", 5), server_round, stream=1)
+        processed = self.fit_head(options.personal_epochs, server_round, stream=1)
         processed += self.fit(
             self.model.parameters_of(BASE),
             self.cross_entropy(self.model),
             self.data.train,
-            self.option("base-epochs", 1),
+            options.base_epochs,
             server_round,
             stream=2,
         )

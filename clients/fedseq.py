@@ -16,15 +16,34 @@ models, but only for the evaluation-only global figure (as for FedPer).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from clients.base import ClientProcedure, TrainResult
-from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
 from fedreg_app.models import BASE, HEAD_G, SplitModel
 from fedreg_app.records import from_record, to_record
 
 UNFREEZE_ROUNDS = "fedseq-unfreeze-rounds"
 FINETUNE_ROUNDS = "fedseq-finetune-rounds"
+
+
+def _round_list(text: str) -> bool:
+    return all(part.strip().isdigit() for part in text.split(",")) if text.strip() else True
+
+
+@dataclass(frozen=True)
+class FedSeqOptions(AlgorithmOptions):
+    #: "1,4,7": the round each base layer unfreezes; "": evenly spread.
+    unfreeze_rounds: str = option(UNFREEZE_ROUNDS, "", "comma-separated round numbers, or ''",
+                                  _round_list)  # fmt: skip
+    finetune_rounds: int = option(FINETUNE_ROUNDS, 1, "an integer >= 0", at_least(0))
+
+    def check(self, config: RunConfig) -> None:
+        finetune_rounds(config)
+
+
 FINETUNED = "fedseq-finetuned"  # client state: the client's own fine-tuned base + head
 
 
@@ -35,7 +54,7 @@ def base_layers(model: SplitModel) -> list[str]:
 
 
 def finetune_rounds(config: RunConfig) -> int:
-    rounds = int(config.option(FINETUNE_ROUNDS, 1))
+    rounds = config.options_as(FedSeqOptions).finetune_rounds
     if not 0 <= rounds < config.num_server_rounds:
         raise ConfigError(
             f"{FINETUNE_ROUNDS}={rounds} is not allowed: expected 0..{config.num_server_rounds - 1}"
@@ -47,7 +66,7 @@ def finetune_rounds(config: RunConfig) -> int:
 def unfreeze_rounds(config: RunConfig, num_layers: int) -> list[int]:
     """The round at which each layer (in schedule order) is unfrozen."""
     training_rounds = config.num_server_rounds - finetune_rounds(config)
-    text = str(config.option(UNFREEZE_ROUNDS, "")).strip()
+    text = config.options_as(FedSeqOptions).unfreeze_rounds.strip()
     if not text:
         return [1 + k * training_rounds // num_layers for k in range(num_layers)]
     try:
@@ -79,6 +98,7 @@ def of_layers(arrays: dict[str, np.ndarray], layers: list[str]) -> dict[str, np.
 
 
 class FedSeqClient(ClientProcedure):
+    state_records = (FINETUNED,)
     anti = False
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:

@@ -42,17 +42,13 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from clients.base import ClientProcedure, ClientSetup, TrainResult
-from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.config import AlgorithmOptions, at_least, option
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel
+from fedreg_app.seeds import seed_int
 
 GCE = "gce"  # keys extra.gce.*
 COV = "cov"  # keys extra.cov.*
 CONDITION = "condition"  # key extra.condition.personal
-LAMBDA_KEY = "gpfl-lambda"
-MU_KEY = "gpfl-mu"
-DEFAULT_LAMBDA = 0.1
-DEFAULT_MU = 0.001
-_INIT_STREAM = 0x6F1  # seeds GCE/CoV apart from the ConvNet's initialisation
 
 Predict = Callable[[torch.Tensor], torch.Tensor]
 
@@ -82,13 +78,12 @@ def _valve_branch(dim: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.LayerNorm(dim))
 
 
-def coefficients(config: RunConfig) -> tuple[float, float]:
-    """(lambda, mu) from the run config; negative values are refused."""
-    values = config.option(LAMBDA_KEY, DEFAULT_LAMBDA), config.option(MU_KEY, DEFAULT_MU)
-    for key, value in zip((LAMBDA_KEY, MU_KEY), values, strict=True):
-        if value < 0:
-            raise ConfigError(f"{key}={value!r} is not allowed: expected a number >= 0")
-    return values
+@dataclass(frozen=True)
+class GPFLOptions(AlgorithmOptions):
+    """The FedReG paper's "eta = 0.001 and lambda = 0.1" for GPFL (eta read as GPFL's mu)."""
+
+    lam: float = option("gpfl-lambda", 0.1, "a number >= 0", at_least(0))
+    mu: float = option("gpfl-mu", 0.001, "a number >= 0", at_least(0))
 
 
 # --------------------------------------------------------------- the modules
@@ -105,7 +100,7 @@ def attach_gpfl_modules(model: SplitModel, seed: int) -> None:
         return
     dim, num_classes = head_dims(model.head_g)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(np.random.SeedSequence([seed, _INIT_STREAM]).generate_state(1)[0]))
+        torch.manual_seed(seed_int(seed, "gpfl-init"))
         model.extra[GCE] = nn.Embedding(num_classes, dim)
         model.extra[COV] = ConditionalValve(dim)
         model.extra[CONDITION] = ConditionInput(dim)
@@ -176,7 +171,8 @@ class GPFLClient(ClientProcedure):
     def __init__(self, setup: ClientSetup) -> None:
         super().__init__(setup)
         attach_gpfl_modules(self.model, self.config.seed)
-        self.lam, self.mu = coefficients(self.config)
+        options = self.config.options_as(GPFLOptions)
+        self.lam, self.mu = options.lam, options.mu
         self.class_counts = self.data.train.class_counts(setup.info.num_classes).to(
             self.device, torch.float32
         )

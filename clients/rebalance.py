@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from fedreg_app.config import threshold_statistic_or_count
-from fedreg_app.data import TensorData
-from fedreg_app.persist import load_arrays, save_arrays
+from fedreg_app.data import TensorData, load_checked_arrays, read_cache
+from fedreg_app.persist import save_arrays
 
 if TYPE_CHECKING:
     from torchvision.transforms import v2
@@ -148,17 +148,27 @@ def cached_rebalanced(
 ) -> RebalancedData:
     """Per-process cache: a client's rebalanced set is built once, not every round. With
     ``disk`` (a file under the node's ``state-dir``) it is also kept across processes, so
-    a deployed client, which gets a fresh process per message, augments only once."""
+    a deployed client, which gets a fresh process per message, augments only once. A
+    damaged file on disk is moved aside and the set built again (it is derived data)."""
     built = _CACHE.setdefault(train, {})
     key = (num_classes, threshold, augment, seed)
     if key not in built:
-        if disk is not None and disk.exists():
-            built[key] = _from_arrays(load_arrays(disk))
-        else:
-            built[key] = build_rebalanced(train, num_classes, threshold, augment, seed)
+        stored = None if disk is None else read_cache(disk, _read_rebalanced)
+        if stored is None:
+            stored = build_rebalanced(train, num_classes, threshold, augment, seed)
             if disk is not None:
-                save_arrays(disk, _to_arrays(built[key]))
+                save_arrays(disk, _to_arrays(stored))
+        built[key] = stored
     return built[key]
+
+
+def _read_rebalanced(path: Path) -> RebalancedData:
+    """The stored set, checked for consistency as well as for damage."""
+    data = _from_arrays(load_checked_arrays(path))
+    n = len(data.data)
+    if data.data.x.shape[0] != n or data.augmented.shape != (n,) or data.threshold < 1:
+        raise ValueError(f"inconsistent rebalanced set: {n} labels, {data.augmented.shape} flags")
+    return data
 
 
 def _to_arrays(data: RebalancedData) -> dict[str, np.ndarray]:

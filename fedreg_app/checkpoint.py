@@ -1,19 +1,35 @@
 """The ServerApp's checkpoint: everything needed to continue a run from the next round.
 
-Written after every round into ``<run folder>/checkpoint/``:
+Written after every round into ``<run folder>/checkpoint/`` as one unit:
 
-* ``model.npz``     - the global arrays the next round starts from;
-* ``strategy.npz``  - the strategy's arrays (e.g. FedDyn's h);
-* ``state.json``    - the round, the sampling generator's state, the strategy's scalar
-  state, the client-state key and the run config it was made with.
+* ``round-000005/model.npz``    - the global arrays the next round starts from;
+* ``round-000005/strategy.npz`` - the strategy's arrays (e.g. FedDyn's h);
+* ``state.json`` - the commit record, written atomically after both: the round, the
+  folder holding its arrays with the sha256 and size of each file, the sampling
+  generator's state, the strategy's scalar state, the client-state key, the run config it
+  was made with, and a sha256 of all that.
+
+A kill at any moment leaves ``state.json`` naming a complete earlier round (its folder is
+deleted only after the new ``state.json`` is in place), so a checkpoint is never a mix of
+two rounds. Nothing on disk is trusted when loading: each array file must match the size
+and hash ``state.json`` gives, ``state.json`` must match its own hash, nothing is
+unpickled (``.npz`` without object arrays, JSON), and anything wrong is a
+:class:`ConfigError` naming the file. The flat layout of earlier versions
+(``checkpoint/model.npz``, ``strategy.npz``, ``state.json`` without hashes) still loads.
 
 ``results.json`` is written before the checkpoint, so after a crash between the two the
 results may hold one round more than the checkpoint; resuming drops it and runs it again.
-Nothing is unpickled when loading (``.npz`` without object arrays, JSON).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import re
+import shutil
+import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +37,24 @@ from typing import Any
 import numpy as np
 
 from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.persist import load_arrays, load_json, save_arrays, save_json
+from fedreg_app.persist import fsync_folder, load_arrays, save_json, write_atomic
 
 FOLDER = "checkpoint"
+STATE = "state.json"
+MODEL, STRATEGY = "model.npz", "strategy.npz"
+#: ``state.json``'s layout; absent in the flat checkpoints of earlier versions.
+FORMAT = 2
+#: Round folders: ``round-000005``, or ``round-000005-2`` when that name is taken.
+ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
 RESUMABLE_CHANGES = frozenset(
     {"num-server-rounds", "resume", "results-dir", "eval-every", "reply-timeout",
      "min-train-replies", "device", "dataset-path", "state-dir"}
 )  # fmt: skip
+#: What the user can do about a checkpoint that cannot be trusted.
+REMEDY = "resume from another run folder, or start the run anew without resume"
+#: What reading a damaged file can raise (numpy, zipfile, json, the file system).
+READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
 
 
 @dataclass
@@ -41,37 +67,60 @@ class Checkpoint:
     run_config: dict[str, Any]
 
     def save(self, run_folder: Path) -> None:
+        """Arrays into a fresh round folder, then ``state.json`` naming it (the commit),
+        then the older rounds go: a kill at any point leaves one whole checkpoint."""
         folder = run_folder / FOLDER
-        save_arrays(folder / "model.npz", self.model)
-        save_arrays(folder / "strategy.npz", self.strategy_arrays)
-        save_json(
-            folder / "state.json",
-            {
-                "round": self.round,
-                "strategy_state": self.strategy_state,
-                "state_key": self.state_key,
-                "run_config": self.run_config,
-            },
-        )  # last: a state.json always names arrays that are complete
+        rounds = folder / _fresh_round_name(folder, self.round)
+        if rounds.exists():  # left by a save that was killed before its commit
+            shutil.rmtree(rounds)
+        files = {
+            MODEL: _write_npz(rounds / MODEL, self.model),
+            STRATEGY: _write_npz(rounds / STRATEGY, self.strategy_arrays),
+        }
+        fsync_folder(folder)  # the round folder exists on disk before anything names it
+        body = {
+            "format": FORMAT,
+            "round": self.round,
+            "folder": rounds.name,
+            "files": files,
+            "strategy_state": self.strategy_state,
+            "state_key": self.state_key,
+            "run_config": self.run_config,
+        }
+        save_json(folder / STATE, {**body, "sha256": _body_hash(body)})
+        _remove_all_but(folder, rounds.name)
 
     @classmethod
     def load(cls, path: Path) -> tuple[Checkpoint, Path]:
         """From a run folder (or its ``checkpoint`` folder); returns it and the run folder."""
         path = path.expanduser().resolve()
         folder = path if path.name == FOLDER else path / FOLDER
-        if not (folder / "state.json").is_file():
+        state_path = folder / STATE
+        if not state_path.is_file():
+            if _round_folders(folder):
+                raise ConfigError(
+                    f"resume={str(path)!r}: no complete checkpoint there: {state_path} is "
+                    "missing although round folders exist (the run was stopped while writing "
+                    f"its first checkpoint, or the file was deleted); {REMEDY}"
+                )
             raise ConfigError(
                 f"resume={str(path)!r}: no checkpoint there; expected a run folder holding "
-                f"{FOLDER}/state.json (the folder a run prints as its results folder)"
+                f"{FOLDER}/{STATE} (the folder a run prints as its results folder)"
             )
-        state = load_json(folder / "state.json")
+        state = _read_state(state_path)
+        if "format" in state:
+            arrays_folder = _checked_round_folder(folder, state, state_path)
+            for name in (MODEL, STRATEGY):
+                _verify(arrays_folder / name, state["files"][name])
+        else:  # the flat layout of earlier versions: no hashes, the zip CRCs must do
+            arrays_folder = folder
         checkpoint = cls(
-            round=int(state["round"]),
-            model=load_arrays(folder / "model.npz"),
-            strategy_arrays=load_arrays(folder / "strategy.npz"),
-            strategy_state=state["strategy_state"],
-            state_key=str(state["state_key"]),
-            run_config=state["run_config"],
+            round=_field(state, "round", int, state_path),
+            model=_read_npz(arrays_folder / MODEL),
+            strategy_arrays=_read_npz(arrays_folder / STRATEGY),
+            strategy_state=_field(state, "strategy_state", dict, state_path),
+            state_key=_field(state, "state_key", str, state_path),
+            run_config=_field(state, "run_config", dict, state_path),
         )
         return checkpoint, folder.parent
 
@@ -90,3 +139,138 @@ class Checkpoint:
                 f"num-server-rounds={config.num_server_rounds} is not allowed: the checkpoint "
                 f"has already finished round {self.round}; expected more rounds than that"
             )
+
+
+def _fail(path: Path, problem: str) -> ConfigError:
+    """The error for a checkpoint file that cannot be trusted: which file, why, what to do."""
+    return ConfigError(f"checkpoint file {path} {problem}; {REMEDY}")
+
+
+def _write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Write named arrays atomically; returns the size and sha256 of the bytes written."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{key: np.asarray(value) for key, value in arrays.items()})
+    data = buffer.getvalue()
+    write_atomic(path, lambda handle: handle.write(data))
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _body_hash(body: Mapping[str, Any]) -> str:
+    """Hash of ``state.json``'s content, independent of its formatting. Taken of the
+    content as read back (integer dict keys become strings), so saving and loading agree."""
+    as_read = json.loads(json.dumps(body))
+    return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
+
+
+def _file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    """``state.json`` as a dict, checked against its own hash when it has one."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as err:  # unreadable, not UTF-8, not JSON
+        raise _fail(path, f"is unreadable or not valid JSON ({err})") from None
+    if not isinstance(state, dict):
+        raise _fail(path, "is not a JSON object")
+    if "format" not in state:
+        return state  # flat layout of earlier versions
+    if state.get("format") != FORMAT:
+        raise _fail(path, f"has format {state.get('format')!r}; expected {FORMAT}")
+    body = {key: value for key, value in state.items() if key != "sha256"}
+    if state.get("sha256") != _body_hash(body):
+        raise _fail(path, "does not match its sha256 (it was changed or damaged on disk)")
+    return state
+
+
+def _checked_round_folder(folder: Path, state: dict[str, Any], state_path: Path) -> Path:
+    """The round folder ``state.json`` names, which must be a plain name in ``folder``."""
+    name, files = state.get("folder"), state.get("files")
+    if not isinstance(name, str) or not ROUND_FOLDER.fullmatch(name):
+        raise _fail(state_path, f"names no valid round folder ({name!r})")
+    if not isinstance(files, dict) or not all(
+        isinstance(files.get(f), dict) for f in (MODEL, STRATEGY)
+    ):
+        raise _fail(state_path, f"lacks the size and sha256 of {MODEL} and {STRATEGY}")
+    return folder / name
+
+
+def _verify(path: Path, expected: Mapping[str, Any]) -> None:
+    """The file must be exactly the one the commit record describes."""
+    if not path.is_file():
+        raise _fail(path, "is missing (state.json names it)")
+    size = path.stat().st_size
+    if size != expected.get("size"):
+        raise _fail(path, f"has {size} bytes, expected {expected.get('size')} (truncated?)")
+    if _file_hash(path) != expected.get("sha256"):
+        raise _fail(path, "does not match the sha256 in state.json (damaged on disk)")
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Arrays of a checkpoint file; every zip member's CRC is checked first."""
+    if not path.is_file():
+        raise _fail(path, "is missing")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+        if bad is None:
+            return load_arrays(path)
+        problem = f"has a damaged member {bad!r} (CRC mismatch)"
+    except READ_ERRORS as err:
+        problem = f"is not a readable .npz file ({type(err).__name__}: {err})"
+    raise _fail(path, problem)
+
+
+def _field(state: Mapping[str, Any], key: str, kind: type, path: Path) -> Any:
+    value = state.get(key)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is not int and isinstance(value, kind):
+        return value
+    raise _fail(path, f"has no valid {key!r} (expected {kind.__name__}, got {value!r:.60})")
+
+
+def _round_folders(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return [p for p in folder.iterdir() if p.is_dir() and ROUND_FOLDER.fullmatch(p.name)]
+
+
+def _committed_folder(folder: Path) -> str | None:
+    """The round folder the current ``state.json`` names (None if none can be read)."""
+    try:
+        name = json.loads((folder / STATE).read_text()).get("folder")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def _fresh_round_name(folder: Path, server_round: int) -> str:
+    """``round-<n>``, unless the committed checkpoint already lives there: never write
+    into the folder that ``state.json`` names."""
+    committed = _committed_folder(folder)
+    name, suffix = f"round-{server_round:06d}", 1
+    candidate = name
+    while candidate == committed:
+        suffix += 1
+        candidate = f"{name}-{suffix}"
+    return candidate
+
+
+def _remove_all_but(folder: Path, keep: str) -> None:
+    """After the commit: older round folders, the flat files of an earlier version and
+    temporary files of killed writes are no longer named by anything."""
+    for entry in folder.iterdir():
+        if entry.is_dir() and ROUND_FOLDER.fullmatch(entry.name) and entry.name != keep:
+            shutil.rmtree(entry, ignore_errors=True)
+        elif entry.is_file() and (
+            entry.name in (MODEL, STRATEGY)
+            or (entry.name.startswith(".") and entry.name.endswith(".tmp"))
+        ):
+            entry.unlink(missing_ok=True)
+    fsync_folder(folder)

@@ -4,6 +4,7 @@ then hands the message to the algorithm's client procedure."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,25 +13,31 @@ from logging import INFO
 from pathlib import Path
 
 import torch
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
-from clients.base import (
-    COMPUTE_SECONDS,
-    HANDLER_SECONDS,
-    PARTITION_ID,
-    ClientProcedure,
-    ClientSetup,
-)
+from clients.base import ClientProcedure, ClientSetup
+from fedreg_app.client_state import VersionedState
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
-from fedreg_app.persist import DiskState, record_ids
+from fedreg_app.protocol import (
+    ARRAYS,
+    COMPUTE_SECONDS,
+    CONFIG,
+    HANDLER_SECONDS,
+    METRICS,
+    NUM_PARTITIONS,
+    PARTITION_ID,
+    SERVER_ROUND,
+    STATE_KEY,
+    STATE_ON_DISK,
+    STATE_RESETS,
+    is_valid_state_key,
+)
 from fedreg_app.records import from_record, to_record
-from fedreg_app.registry import get_algorithm
-from strategies.base import ARRAYS, CONFIG, METRICS, SERVER_ROUND, STATE_KEY
+from fedreg_app.registry import get_algorithm, load_config
 
-NUM_PARTITIONS = "num-partitions"
 DATASET_PATH = "dataset-path"
 STATE_DIR = "state-dir"
 NUM_THREADS = "num-threads"
@@ -83,8 +90,18 @@ def state_dir_of(node: NodeSettings, config: RunConfig) -> Path | None:
     return Path(folder).expanduser().resolve() if folder else None
 
 
+@functools.lru_cache(maxsize=4)
+def _validated(items: frozenset) -> RunConfig:
+    return load_config(dict(items))
+
+
+def run_config_of(context: Context) -> RunConfig:
+    """The run config, validated as the server validated it (once per process and run)."""
+    return _validated(frozenset(context.run_config.items()))
+
+
 def client_setup(context: Context) -> ClientSetup:
-    config = RunConfig.from_run_config(context.run_config)
+    config = run_config_of(context)
     node = NodeSettings.from_context(context)
     if node.num_threads > 0:  # several SuperNodes on one device: don't oversubscribe it
         torch.set_num_threads(node.num_threads)
@@ -98,10 +115,30 @@ def client_setup(context: Context) -> ClientSetup:
     return ClientSetup(config=config, info=info, data=data, state=context.state, cache=cache)
 
 
+def state_folder(state_dir: Path, state_key: str, partition_id: int) -> Path:
+    """Where this partition keeps the run's private state. The key comes off the wire:
+    only names of the form the ServerApp generates are accepted, and the resolved folder
+    must lie inside ``state_dir``."""
+    if not is_valid_state_key(state_key):
+        raise ValueError(
+            f"state-key={state_key!r} from the server is not allowed: expected a run folder "
+            "name (letters, digits, '._-', no path separators)"
+        )
+    root = state_dir.resolve()
+    folder = (root / "runs" / state_key / f"partition-{partition_id}").resolve()
+    if not folder.is_relative_to(root):
+        raise ValueError(f"state-key={state_key!r} leads outside state-dir {root}")
+    return folder
+
+
 @contextmanager
-def persistent_state(msg: Message, context: Context, setup: ClientSetup) -> Iterator[None]:
-    """With a state dir, restore the node's private records before the procedure runs and
-    write back what it changed; without one, ``context.state`` is all there is."""
+def persistent_state(
+    msg: Message, context: Context, setup: ClientSetup, resets: list[str]
+) -> Iterator[None]:
+    """With a state dir, restore the node's private records as of the round the server
+    resumes from, and commit what the procedure changed as this round's version; without
+    one, ``context.state`` is all there is. Records found corrupt are appended to
+    ``resets`` (they start afresh)."""
     state_dir = state_dir_of(NodeSettings.from_context(context), setup.config)
     if state_dir is None:
         yield
@@ -109,21 +146,26 @@ def persistent_state(msg: Message, context: Context, setup: ClientSetup) -> Iter
     # The ServerApp names the run's state (the same across a server resume, which gets a
     # new Flower run id), so personalization carries over.
     state_key = str(msg.content[CONFIG].get(STATE_KEY) or context.run_id)
-    disk = DiskState(state_dir / "runs" / state_key / f"partition-{setup.data.partition_id}")
-    restored = disk.restore(context.state)
-    if restored:  # a restarted node, or a resumed run: personalization comes back
-        log(INFO, "partition %d: restored %s from %s", setup.data.partition_id,
-            ", ".join(restored), disk.folder)  # fmt: skip
-    before = record_ids(context.state)
+    server_round = int(msg.content[CONFIG][SERVER_ROUND])
+    versions = VersionedState(state_folder(state_dir, state_key, setup.data.partition_id))
+    # Training in round t starts from the state before t; evaluation sees round t's.
+    upto = server_round - 1 if msg.metadata.message_type == MessageType.TRAIN else server_round
+    restored = versions.restore(context.state, upto)
+    resets.extend(restored.reset)
+    if restored.records:  # a restarted node, or a resumed run: personalization comes back
+        log(INFO, "partition %d: restored %s of round %d from %s", setup.data.partition_id,
+            ", ".join(restored.records), restored.round, versions.folder)  # fmt: skip
     yield
-    disk.persist(context.state, before)
+    versions.commit(context.state, server_round)
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Which partition this node serves; the ServerApp maps partitions to nodes."""
-    partition_id, num_partitions = node_partition(context)
-    metrics = MetricRecord({PARTITION_ID: partition_id, NUM_PARTITIONS: num_partitions})
+    node = NodeSettings.from_context(context)
+    on_disk = state_dir_of(node, run_config_of(context)) is not None
+    facts = {PARTITION_ID: node.partition_id, NUM_PARTITIONS: node.num_partitions}
+    metrics = MetricRecord({**facts, STATE_ON_DISK: int(on_disk)})
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
 
@@ -156,13 +198,14 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
     persist what changed, reply with the metrics and the seconds spent."""
     received = time.perf_counter()
     setup = client_setup(context)
-    with persistent_state(msg, context, setup):
+    resets: list[str] = []
+    with persistent_state(msg, context, setup, resets):
         procedure, arrays, server_round = procedure_for(setup, msg)
         started = time.perf_counter()
         metrics, reply_arrays = work(procedure, arrays, server_round)
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
     seconds = timings(received, time.perf_counter() - started)
-    return reply(msg, procedure, metrics, seconds, **records)
+    return reply(msg, procedure, {**metrics, STATE_RESETS: len(resets)}, seconds, **records)
 
 
 def train_work(procedure: ClientProcedure, arrays: dict, server_round: int) -> tuple:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 THRESHOLD_STATISTICS = ("mean", "median", "max", "secmin")
 AUGMENTATIONS = ("simple", "auto")
@@ -26,6 +27,56 @@ ONE_LAYER_HEADS = {"mlp": "input -> 100 -> classes", "charlstm": "LSTM -> Linear
 
 class ConfigError(ValueError):
     """A run-config value is missing or not allowed; the message names the key."""
+
+
+def option(
+    key: str, default: Any, allowed: str, valid: Callable[[Any], bool] = lambda _: True
+) -> Any:
+    """Declare one run-config key of an algorithm: its hyphenated name, its default (whose
+    type is the key's type), what is allowed (for the error) and the check itself."""
+    return dataclasses.field(
+        default=default, metadata={"key": key, "allowed": allowed, "valid": valid}
+    )
+
+
+def at_least(minimum: float) -> Callable[[Any], bool]:
+    return lambda value: value >= minimum
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """Base of every algorithm's options: a frozen dataclass whose fields are declared with
+    :func:`option`, read and checked once from the run config, used by the algorithm's
+    client and strategy alike. The base has no keys (FedAvg, FedPer, ...)."""
+
+    @classmethod
+    def declared(cls) -> dict[str, Any]:
+        """{run-config key: default} of this algorithm's own keys."""
+        return {f.metadata["key"]: f.default for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any]) -> AlgorithmOptions:
+        values = {}
+        for field in dataclasses.fields(cls):
+            key = field.metadata["key"]
+            value = _coerce(key, run_config.get(key, field.default), type(field.default))
+            if not field.metadata["valid"](value):
+                _fail(key, value, field.metadata["allowed"])
+            values[field.name] = value
+        return cls(**values)
+
+    def check(self, config: RunConfig) -> None:
+        """Checks that need the rest of the run config (e.g. rounds); none by default."""
+
+    def to_run_config(self) -> dict[str, Any]:
+        return {f.metadata["key"]: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+#: ``algo`` name -> its options type; given by the registry (this module sits below it).
+Catalog = Mapping[str, type[AlgorithmOptions]]
+
+
+Options = TypeVar("Options", bound=AlgorithmOptions)
 
 
 @dataclass(frozen=True)
@@ -60,46 +111,60 @@ class RunConfig:
     resume: str = ""
     min_train_replies: int = 1
     reply_timeout: float = 0.0
-    # Every run-config key as given, so that an algorithm reads its own options
-    # (e.g. ``prox-mu``) with :meth:`option` without this class listing them all.
-    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: The chosen algorithm's own keys (``prox-mu``, ``fedreg-head-weight``, ...).
+    options: AlgorithmOptions = dataclasses.field(default_factory=AlgorithmOptions)
+    #: Every key as given (other algorithms' keys too), for ``results.json``.
+    given: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_run_config(cls, run_config: Mapping[str, Any]) -> RunConfig:
-        """Build from Flower's run config (hyphenated keys); unknown keys are ignored
-        so that algorithm-specific keys can live beside these."""
-        values: dict[str, Any] = {"extra": dict(run_config)}
-        for field in dataclasses.fields(cls):
-            if field.name == "extra":
-                continue
-            key = field.name.replace("_", "-")
+    def core_keys(cls) -> dict[str, Any]:
+        """{run-config key: default} of the keys every algorithm shares."""
+        return {
+            f.name.replace("_", "-"): f.default
+            for f in dataclasses.fields(cls)
+            if f.name not in ("options", "given")
+        }
+
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], catalog: Catalog) -> RunConfig:
+        """Build from Flower's run config (hyphenated keys) and check every key once:
+        the shared ones here, each algorithm's through its options type in ``catalog``
+        (the registry's), so that a bad value of any key fails before any work."""
+        known = set(cls.core_keys()).union(*(o.declared() for o in catalog.values()))
+        for key in run_config:
+            if key not in known:
+                raise ConfigError(unknown_key_message(key, known))
+        values: dict[str, Any] = {"given": dict(run_config)}
+        for key, default in cls.core_keys().items():
             if key in run_config:
-                values[field.name] = _coerce(key, run_config[key], type(field.default))
-        config = cls(**values)
+                values[key.replace("-", "_")] = _coerce(key, run_config[key], type(default))
+        algo = values.get("algo", cls.algo)
+        if algo not in catalog:
+            _fail("algo", algo, f"one of {', '.join(sorted(catalog))}")
+        every = {name: kind.from_run_config(run_config) for name, kind in catalog.items()}
+        config = cls(**values, options=every[algo])
         config.validate()
+        config.options.check(config)
         return config
 
     def to_run_config(self) -> dict[str, Any]:
         """The hyphenated form, as Flower and ``results.json`` show it (all keys)."""
-        known = {
-            f.name.replace("_", "-"): getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name != "extra"
-        }
-        return {**self.extra, **known}
+        core = {key: getattr(self, key.replace("-", "_")) for key in self.core_keys()}
+        return {**self.given, **core, **self.options.to_run_config()}
 
-    def option(self, key: str, default: Any) -> Any:
-        """An algorithm-specific key, coerced to the type of its default."""
-        if key not in self.extra:
-            return default
-        return _coerce(key, self.extra[key], type(default))
+    def options_as(self, kind: type[Options]) -> Options:
+        """The algorithm's options as ``kind``; a config built without them (a test's
+        ``RunConfig()``) gets the defaults of ``kind``."""
+        if isinstance(self.options, kind):
+            return self.options
+        if type(self.options) is AlgorithmOptions:
+            return kind()
+        raise TypeError(f"options are {type(self.options).__name__}, not {kind.__name__}")
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for the first value that cannot work."""
-        from fedreg_app.registry import algorithm_names  # late import: registry imports us
-
-        if self.algo not in algorithm_names():
-            _fail("algo", self.algo, f"one of {', '.join(algorithm_names())}")
+        if self.seed < 0:
+            _fail("seed", self.seed, "an integer >= 0")
         if not self.alpha > 0:
             _fail("alpha", self.alpha, "a number > 0 (Dirichlet concentration)")
         if self.partition not in PARTITIONS:
@@ -199,8 +264,12 @@ def unknown_key_message(key: str, known: Iterable[str], where: str = "run config
 
 
 def _coerce(key: str, value: Any, wanted: type) -> Any:
-    """Flower gives TOML scalars; accept ints for floats and numbers for the threshold."""
+    """Flower gives TOML scalars; accept ints for floats and numbers for the threshold.
+    Floats must be finite: ``nan`` compares false with every bound and would slip past
+    range checks."""
     if wanted is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} is not allowed: expected a finite number")
         return float(value)
     if wanted is int and isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -210,7 +279,8 @@ def _coerce(key: str, value: Any, wanted: type) -> Any:
         return str(value)
     if isinstance(value, wanted):
         return value
-    raise ConfigError(f"{key}={value!r}: expected a {wanted.__name__}")
+    kinds = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
+    raise ConfigError(f"{key}={value!r} is not allowed: expected {kinds.get(wanted, wanted)}")
 
 
 def _fail(key: str, value: Any, allowed: str) -> None:

@@ -16,13 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
+import time
+import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
+from logging import WARNING
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
+from flwr.common import log
 from PIL import Image
 
 from fedreg_app.config import SECOND_SPLITS, ConfigError, RunConfig, check_dataset_path
@@ -42,6 +48,11 @@ NATURAL_ID_COLUMNS = ("character_id", "writer_id", "user_id", "client_id")
 NATURAL_ID = "natural_id"
 TEST_FRACTION = 0.25
 IMAGE, TEXT = "image", "text"
+#: What to do about a dataset file that cannot be read.
+DATA_REMEDY = "re-download or re-convert it (see README, 'Datasets and models')"
+#: What reading a damaged cache file can raise (numpy, zipfile, json, the file system).
+CACHE_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
+T = TypeVar("T")
 
 #: LEAF Shakespeare's vocabulary: newline, space, 14 punctuation marks, digits, letters.
 VOCABULARY = (
@@ -54,6 +65,11 @@ VOCABULARY = (
 #: Characters outside the vocabulary are read as a space.
 _CHAR_INDEX = np.full(256, VOCABULARY.index(" "), dtype=np.int16)
 _CHAR_INDEX[[ord(c) for c in VOCABULARY]] = np.arange(len(VOCABULARY), dtype=np.int16)
+
+
+class DataError(ConfigError):
+    """A dataset file cannot be read (truncated, damaged, not parquet): the message names
+    the file and what to do, instead of a pyarrow or datasets traceback."""
 
 
 @dataclass(frozen=True)
@@ -182,13 +198,56 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
             for split in ("train", *SECOND_SPLITS)
             if (folder / f"{split}.parquet").is_file()
         }
-    return FederatedDataset(
+        for path in load_kwargs["data_files"].values():
+            _check_parquet_footer(Path(path))
+    fds = FederatedDataset(
         dataset=name,
         preprocessor=CanonicalPool(key.data_fraction, key.seed),
         partitioners={"train": partitioner},
         seed=key.seed,
         **load_kwargs,
     )
+    if key.dataset_path:  # read the files now, where a damaged one can be named
+        _load_local_pool(fds, [Path(p) for p in load_kwargs["data_files"].values()])
+    return fds
+
+
+def _parquet_error(path: Path, err: Exception) -> DataError:
+    return DataError(
+        f"dataset-path: {path} is not a readable parquet file ({type(err).__name__}: {err}); "
+        f"it is truncated or damaged: {DATA_REMEDY}"
+    )
+
+
+def _check_parquet_footer(path: Path) -> None:
+    """Garbage and truncated files fail here, cheaply: only the footer is read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pq.ParquetFile(path).close()
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise _parquet_error(path, err) from None
+
+
+def _load_local_pool(fds: FederatedDataset, files: list[Path]) -> None:
+    """Load a local dataset; a file damaged inside (its footer intact) is found by reading
+    each file on its own. Errors that no file explains are raised as they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets.exceptions import DatasetsError
+
+    try:
+        fds.load_split("train")
+    except ConfigError:
+        raise
+    except (pa.ArrowException, DatasetsError, OSError, ValueError) as err:
+        for path in files:
+            try:
+                pq.read_table(path)
+            except (pa.ArrowException, OSError, ValueError) as damage:
+                raise _parquet_error(path, damage) from None
+        raise err
 
 
 def partitioner_for(key: PartitionKey):
@@ -380,6 +439,63 @@ def load_union_test_set(key: PartitionKey) -> TensorData:
     return TensorData(x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]))
 
 
+def quarantine(path: Path, why: str) -> None:
+    """Move a damaged cache file aside as ``<name>.corrupt-<timestamp>`` (kept for a look,
+    never read again), so that its caller rebuilds it from the source data."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:  # another process moved it first
+        return
+    log(WARNING, "cache file %s is damaged (%s): moved aside as %s, rebuilding it from the "
+        "source data", path, why, aside.name)  # fmt: skip
+
+
+def read_cache(path: Path, read: Callable[[Path], T]) -> T | None:
+    """A derived file of a node's cache, or None if it is missing or damaged (a damaged
+    one is moved aside): the cache is rebuilt from the source data, which is always
+    correct, rather than trusted or fatal."""
+    if not path.exists():
+        return None
+    try:
+        return read(path)
+    except CACHE_READ_ERRORS as err:
+        quarantine(path, f"{type(err).__name__}: {err}")
+        return None
+
+
+def load_checked_arrays(path: Path) -> dict[str, np.ndarray]:
+    """``load_arrays`` after checking every zip member's CRC, so that damage anywhere in
+    the file (numpy's headers included) is an error rather than wrong numbers."""
+    with zipfile.ZipFile(path) as archive:
+        bad = archive.testzip()
+    if bad is not None:
+        raise zipfile.BadZipFile(f"member {bad!r} fails its CRC check")
+    return load_arrays(path)
+
+
+def _read_info(path: Path) -> DatasetInfo:
+    info = DatasetInfo(**load_json(path))
+    sizes = (info.num_classes, info.channels, info.height, info.width)
+    if not all(isinstance(v, int) and v > 0 for v in sizes) or info.modality not in (IMAGE, TEXT):
+        raise ValueError(f"not a dataset description: {info}")
+    return info
+
+
+def _read_partition(path: Path, partition_id: int) -> ClientData:
+    arrays = {k: torch.from_numpy(v) for k, v in load_checked_arrays(path).items()}
+    train = TensorData(arrays["train_x"], arrays["train_y"])
+    test = TensorData(arrays["test_x"], arrays["test_y"])
+    for part in (train, test):
+        if part.x.shape[:1] != part.y.shape or part.y.dtype != torch.int64:
+            raise ValueError(f"inconsistent arrays: x {tuple(part.x.shape)}, y {part.y.dtype}")
+    return ClientData(partition_id, train, test)
+
+
 def data_cache_folder(state_dir: Path, key: PartitionKey) -> Path:
     """Where a node keeps the decoded data of one partitioning (any run may reuse it)."""
     return state_dir / "data" / digest(*dataclasses.astuple(key))
@@ -390,23 +506,17 @@ def node_data(
 ) -> tuple[DatasetInfo, ClientData]:
     """Dataset info and this node's decoded partition. With a ``cache`` folder (a node's
     ``state-dir``) both are read from disk after the first time: a fresh process per
-    message (deployment) neither reloads the dataset nor decodes images again."""
+    message (deployment) neither reloads the dataset nor decodes images again. A damaged
+    cache file is moved aside and rebuilt."""
     if cache is None:
         return load_info(key), load_client_data(key, partition_id)
     info_path, data_path = cache / "info.json", cache / f"partition-{partition_id}.npz"
-    if info_path.exists():
-        info = DatasetInfo(**load_json(info_path))
-    else:
+    info = read_cache(info_path, _read_info)
+    if info is None:
         info = load_info(key)
         save_json(info_path, dataclasses.asdict(info))
-    if data_path.exists():
-        arrays = {k: torch.from_numpy(v) for k, v in load_arrays(data_path).items()}
-        data = ClientData(
-            partition_id,
-            TensorData(arrays["train_x"], arrays["train_y"]),
-            TensorData(arrays["test_x"], arrays["test_y"]),
-        )
-    else:
+    data = read_cache(data_path, lambda path: _read_partition(path, partition_id))
+    if data is None:
         data = load_client_data(key, partition_id)
         save_arrays(
             data_path,

@@ -18,8 +18,11 @@ A config file is a run config (the keys of ``[tool.flwr.app.config]``) plus an o
     variants = { fedreg = {}, a = { fedreg-head-weight = "original" } }
 
 Every cell (grid values x algorithm) runs once per seed into
-``<out>/<name>/<cell>/seed<k>/``; a run whose folder already holds a completed
-``results.json`` is skipped, so an interrupted grid resumes where it stopped.
+``<out>/<name>/<cell>/seed<k>/``; a run whose folder already holds a finished
+``results.json`` (status ``completed``, or ``degraded``: it ran to its end but some client
+replies were missing) is skipped, so an interrupted grid resumes where it stopped. A
+``failed`` run, or one that left no ``results.json``, is run again next time; the runner
+lists such runs at the end and exits non-zero. The summary table marks degraded figures.
 
     fedreg-experiment configs/smoke.toml --seeds 3 --algos fedreg,fedavg \\
         --set dataset-path=../shared/data/fashion_mnist
@@ -33,6 +36,7 @@ import json
 import math
 import sys
 import tempfile
+import textwrap
 import time
 import tomllib
 from collections.abc import Callable, Iterable
@@ -40,17 +44,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.launcher import PROJECT, LocalSuperLink
-from fedreg_app.reports import mean_std, write_report
+from fedreg_app.config import ConfigError
+from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
+from fedreg_app.registry import load_config
+from fedreg_app.reports import (
+    DEGRADED,
+    FINISHED,
+    footnotes,
+    marked,
+    mean_std,
+    personal_figure,
+    run_status,
+    write_report,
+)
 
 EXPERIMENT_TABLE = "experiment"
-
-
-def declared_run_config(app: Path = PROJECT) -> dict[str, Any]:
-    """The app's run-config keys and defaults, from its pyproject.toml."""
-    pyproject = tomllib.loads((app / "pyproject.toml").read_text())
-    return pyproject["tool"]["flwr"]["app"]["config"]
 
 
 @dataclass(frozen=True)
@@ -71,9 +80,7 @@ class Experiment:
         meta = document.pop(EXPERIMENT_TABLE, {})
         variant_keys = {k for v in meta.get("variants", {}).values() for k in v}
         used = set(document) | set(meta.get("grid", {})) | variant_keys
-        unknown = sorted(used - set(declared))
-        if unknown:
-            raise ConfigError(f"{path}: keys not in [tool.flwr.app.config]: {unknown}")
+        check_declared(used, declared, f"run config (in {path})")
         experiment = cls(
             name=str(meta.get("name", path.stem)),
             clients=int(meta.get("clients", 20)),
@@ -119,15 +126,39 @@ class RunSpec:
     run_config: dict[str, Any]
     folder: Path
     clients: int
+    num_rounds: int  # from the validated config: the file may leave it to the default
     result: dict[str, Any] | None = field(default=None, repr=False)
 
-    def completed_results(self) -> dict[str, Any] | None:
-        """The results of a completed earlier run in this folder, if any."""
+    def _documents(self) -> list[tuple[Path, dict[str, Any]]]:
+        """Every run's results in this folder, oldest first (run folders sort by time); an
+        unreadable file reads as a failed run, so that it is run again."""
+        documents = []
         for path in sorted(self.folder.glob("*/results.json")):
-            results = json.loads(path.read_text())
-            if results.get("run", {}).get("status") == "completed":
-                return results
-        return None
+            try:
+                documents.append((path, json.loads(path.read_text())))
+            except (OSError, json.JSONDecodeError) as err:
+                documents.append((path, {"run": {"status": "failed", "error": str(err)}}))
+        return documents
+
+    def finished_results(self) -> dict[str, Any] | None:
+        """The newest finished run's results (completed or degraded), if any: such a run
+        is not run again (a degraded one would most likely degrade again, and its figures
+        are kept, marked)."""
+        finished = [d for _, d in self._documents() if run_status(d) in FINISHED]
+        return finished[-1] if finished else None
+
+    def failure(self) -> str:
+        """Why this seed has no finished run: the newest run's folder, status and error."""
+        documents = self._documents()
+        if not documents:
+            return f"no results.json in {self.folder}; see {self.folder / 'flwr.log'}"
+        path, document = documents[-1]
+        run = document.get("run", {})
+        status = run.get("status") or "no status"
+        if status == "running":
+            status = "still 'running' when flwr run ended (the ServerApp was stopped)"
+        error = "\n" + textwrap.indent(f"error: {run['error']}", "    ") if run.get("error") else ""
+        return f"{path.parent} ({status}){error}"
 
     def rounds_done(self) -> int:
         """Rounds written by the run in progress (the newest run folder)."""
@@ -138,10 +169,6 @@ class RunSpec:
             return len(json.loads(paths[-1].read_text())["rounds"])
         except (json.JSONDecodeError, KeyError):
             return 0
-
-    @property
-    def num_rounds(self) -> int:
-        return int(self.run_config["num-server-rounds"])
 
     def describe(self) -> str:
         extras = " ".join(f"{k}={v}" for k, v in self.cell.items() if k != "algo")
@@ -186,8 +213,11 @@ def run_spec(
     }
     if run_config.get("dataset-path"):  # the ServerApp runs in another working directory
         run_config["dataset-path"] = str(Path(run_config["dataset-path"]).resolve())
-    RunConfig.from_run_config({**declared, **run_config})
-    return RunSpec(experiment.name, cell, seed, run_config, folder, experiment.clients)
+    config = load_config({**declared, **run_config})
+    return RunSpec(
+        experiment.name, cell, seed, run_config, folder, experiment.clients,
+        config.num_server_rounds,
+    )  # fmt: skip
 
 
 def write_run_config(run_config: dict[str, Any], directory: Path) -> Path:
@@ -239,21 +269,22 @@ def _clock(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def run_all(specs: list[RunSpec], home: Path, poll_seconds: float = 5.0) -> None:
-    """Run what is not completed yet, one run at a time, through one SuperLink."""
+def run_all(specs: list[RunSpec], home: Path, poll_seconds: float = 5.0) -> list[RunSpec]:
+    """Run what is not finished yet, one run at a time, through one SuperLink; returns the
+    runs that are still not finished (failed, or no results.json)."""
     progress = Progress(specs)
     pending = []
     for spec in specs:
-        spec.result = spec.completed_results()
+        spec.result = spec.finished_results()
         if spec.result is not None:
             progress.skip(spec)
         else:
             pending.append(spec)
     print(
-        f"{len(specs) - len(pending)} of {len(specs)} runs already completed; {len(pending)} to run"
+        f"{len(specs) - len(pending)} of {len(specs)} runs already finished; {len(pending)} to run"
     )
     if not pending:
-        return
+        return []
     with LocalSuperLink(home) as superlink:
         for index, spec in enumerate(pending, start=len(specs) - len(pending) + 1):
             spec.folder.mkdir(parents=True, exist_ok=True)
@@ -266,96 +297,110 @@ def run_all(specs: list[RunSpec], home: Path, poll_seconds: float = 5.0) -> None
                     print(progress.line(index, len(specs), spec, rounds), flush=True)
                     last = rounds
             config_file.unlink(missing_ok=True)
-            spec.result = spec.completed_results()
+            spec.result = spec.finished_results()
             progress.rounds_before += spec.num_rounds
             if spec.result is None:
-                print(f"run failed: {spec.describe()}; see {log_path}", file=sys.stderr)
+                print(f"run failed: {spec.describe()}: {spec.failure()}", file=sys.stderr)
             else:
-                print(
-                    f"done: {spec.describe()} | best global "
-                    f"{spec.result['best_global_accuracy']:.4f} | best personal "
-                    f"{spec.result['best_personal_accuracy']:.4f}",
-                    flush=True,
-                )
+                print(f"done: {done_line(spec)}", flush=True)
+    return [s for s in specs if s.result is None]
+
+
+def done_line(spec: RunSpec) -> str:
+    """A finished run's best figures, its status, and which P it is."""
+    result = spec.result or {}
+    personal, answered = personal_figure(result)
+    best_global = _fraction(result.get("best_global_accuracy"))
+    return (
+        f"{spec.describe()} | {run_status(result)} | best global {best_global}"
+        f" | best personal {_fraction(personal)}"
+        + (" (over the clients that answered)" if answered else "")
+    )
+
+
+def _fraction(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4f}"
+
+
+def failure_report(specs: list[RunSpec]) -> str:
+    """Each run without a finished results.json: its name, folder and error."""
+    failed = [s for s in specs if s.result is None]
+    lines = [f"{len(failed)} of {len(specs)} runs failed (run again to retry them):"]
+    lines += [f"  {s.describe()}: {s.failure()}" for s in failed]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class CellSummary:
+    """A cell's figures over its finished seeds, and how many of them are degraded."""
+
     experiment: str
     cell: dict[str, Any]
     global_accuracies: tuple[float, ...]
     personal_accuracies: tuple[float, ...]
     seeds: int  # planned
+    finished: int  # seeds with a finished run (completed or degraded)
+    degraded: int = 0  # finished seeds whose run was degraded
+    answered_only: int = 0  # personal figures over the clients that answered, not all
 
     @property
     def complete(self) -> bool:
-        return len(self.global_accuracies) == self.seeds
+        return self.finished == self.seeds
 
 
 def summarize(specs: list[RunSpec]) -> list[CellSummary]:
-    """Best global / best personal accuracy of each cell, over its completed seeds."""
+    """Best global / best personal accuracy of each cell, over its finished seeds; a
+    degraded run's P is its all-client figure where it has one, else the one over the
+    clients that answered (counted in ``answered_only``, so the table can mark it)."""
     groups: dict[tuple[str, str], list[RunSpec]] = {}
     for spec in specs:
         groups.setdefault((spec.experiment, cell_id(spec.cell)), []).append(spec)
     summaries = []
     for runs in groups.values():
         finished = [r.result for r in runs if r.result is not None]
+        personal = [personal_figure(r) for r in finished]
         summaries.append(
             CellSummary(
                 experiment=runs[0].experiment,
                 cell=runs[0].cell,
-                global_accuracies=tuple(r["best_global_accuracy"] for r in finished),
-                personal_accuracies=tuple(r["best_personal_accuracy"] for r in finished),
+                global_accuracies=tuple(
+                    r["best_global_accuracy"]
+                    for r in finished
+                    if r.get("best_global_accuracy") is not None
+                ),
+                personal_accuracies=tuple(p for p, _ in personal if p is not None),
                 seeds=len(runs),
+                finished=len(finished),
+                degraded=sum(run_status(r) == DEGRADED for r in finished),
+                answered_only=sum(answered for _, answered in personal),
             )
         )
     return summaries
 
 
 def markdown_table(summaries: list[CellSummary]) -> str:
-    """One row per cell: its grid values, G and P as mean ± std over seeds."""
+    """One row per cell: its grid values, G and P as mean ± std over seeds; figures with
+    degraded runs in them are marked (footnotes under the table), so that a P over the
+    clients that answered never passes for the all-client one."""
     keys = list(dict.fromkeys(k for s in summaries for k in s.cell))
     header = ["experiment", *keys, "G (best global %)", "P (best personal %)", "seeds"]
     rows = [
         [
             s.experiment,
             *(str(s.cell.get(k, "")) for k in keys),
-            mean_std(s.global_accuracies),
-            mean_std(s.personal_accuracies),
-            f"{len(s.global_accuracies)}/{s.seeds}",
+            marked(mean_std(s.global_accuracies), s.degraded > 0),
+            marked(mean_std(s.personal_accuracies), s.degraded > 0, s.answered_only > 0),
+            f"{s.finished}/{s.seeds}" + (f" ({s.degraded} degraded)" if s.degraded else ""),
         ]
         for s in summaries
     ]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    return footnotes("\n".join(lines))
 
 
 # ----------------------------------------------------------------------- CLI
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs, values read as TOML (bare words as strings)."""
-    overrides = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {pair!r}: expected key=value")
-        try:
-            overrides[key] = tomllib.loads(f"v = {text}")["v"]
-        except tomllib.TOMLDecodeError:
-            overrides[key] = text
-    return overrides
-
-
-def declared_overrides(pairs: list[str], declared: dict[str, Any]) -> dict[str, Any]:
-    """``--set`` pairs, each key one the app declares (flwr rejects any other)."""
-    overrides = parse_overrides(pairs)
-    unknown = sorted(set(overrides) - set(declared))
-    if unknown:
-        raise ConfigError(f"--set: keys not in [tool.flwr.app.config]: {unknown}")
-    return overrides
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fedreg-experiment",
@@ -384,13 +429,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{spec.describe()} -> {spec.folder}")
         return 0
     run_all(specs, args.out / ".flwr_home")
+    return finish(specs, args.out)
+
+
+def finish(specs: list[RunSpec], out: Path) -> int:
+    """Summary table and report over the finished runs, then the failed ones by name:
+    exit status 1 if any run has no finished results, so that scripts and CI notice."""
     table = markdown_table(summarize(specs))
-    (args.out / "summary.md").write_text(table + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.md").write_text(table + "\n")
     print(table)
     if any(s.result is not None for s in specs):
-        for path in write_report(args.out, args.out / "report"):
+        for path in write_report(out, out / "report"):
             print(f"wrote {path}")
-    return 0 if all(s.result is not None for s in specs) else 1
+    if any(s.result is None for s in specs):
+        print(failure_report(specs), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

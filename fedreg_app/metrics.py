@@ -2,7 +2,13 @@
 
 ``results.json`` holds the run config, one record per round and the best accuracies;
 ``rounds.csv`` holds the scalar columns of the same records. Both are replaced
-atomically (write to a temporary file, then rename).
+atomically (a unique temporary file, fsynced, then renamed).
+
+A run's status tells the truth: ``completed`` only when every client answered every
+phase; ``degraded`` when it finished with replies missing or rejected (the rounds say
+which, and the personal accuracy of such a round is null: the partial figure is kept
+apart as ``personal_accuracy_answered`` with its coverage); ``failed`` when it stopped
+on an error (``run.error``).
 """
 
 from __future__ import annotations
@@ -11,11 +17,12 @@ import csv
 import io
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fedreg_app.persist import write_text_atomic
 
 CSV_COLUMNS = (
     "round",
@@ -31,7 +38,13 @@ CSV_COLUMNS = (
     "client_compute_seconds",
     "client_handler_seconds",
     "server_eval_seconds",
+    "train_replies",
+    "train_failures",
+    "eval_replies",
+    "eval_failures",
+    "personal_accuracy_answered",
 )
+COMPLETED, DEGRADED, FAILED, RUNNING = "completed", "degraded", "failed", "running"
 
 
 @dataclass
@@ -63,17 +76,32 @@ class RoundRecord:
     server_eval_seconds: float = 0.0
     sampled_clients: list[int] = field(default_factory=list)
     client_accuracies: dict[str, float] | None = None
+    #: Replies accepted and failed (raised, timed out or rejected by the server's checks).
+    train_replies: int = 0
+    train_failures: int = 0
+    eval_replies: int = 0
+    eval_failures: int = 0
+    #: One entry per distinct client error: phase, its first line, nodes and partitions.
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    #: Personal accuracy over the clients that answered (equal to ``personal_accuracy``
+    #: when all did), and how much of the federation that covers.
+    personal_accuracy_answered: float | None = None
+    personal_coverage: dict[str, int] | None = None
+    #: Client private-state files found corrupt this round (moved aside, started afresh).
+    state_resets: int = 0
+
+    @property
+    def degraded(self) -> bool:
+        """Some reply was missing or rejected, or some client was not evaluated."""
+        incomplete = self.personal_coverage is not None and (
+            self.personal_coverage["clients"] < self.personal_coverage["of_clients"]
+        )
+        return bool(self.train_failures or self.eval_failures or incomplete)
 
 
 def _best(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 class ResultsWriter:
@@ -91,7 +119,8 @@ class ResultsWriter:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run, "status": "running"}
+        self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run, "status": RUNNING}
+        self.run.pop("error", None)
         self.rounds: list[RoundRecord] = list(rounds or [])
         self._write()
 
@@ -121,14 +150,23 @@ class ResultsWriter:
         self.rounds.append(record)
         self._write()
 
-    def finish(self, status: str = "completed") -> None:
+    def finish(self, error: str | None = None) -> str:
+        """Close the run: ``failed`` with the error, else ``degraded`` if any round was,
+        else ``completed``. Returns the status."""
+        if error is not None:
+            status = FAILED
+            self.run["error"] = error
+        else:
+            status = DEGRADED if any(r.degraded for r in self.rounds) else COMPLETED
         self.run["status"] = status
         self.run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         self._write()
+        return status
 
     def summary(self) -> dict[str, Any]:
         best_global = _best([r.global_accuracy for r in self.rounds])
         best_personal = _best([r.personal_accuracy for r in self.rounds])
+        best_answered = _best([r.personal_accuracy_answered for r in self.rounds])
         score = math.log10(best_global / best_personal) if best_global and best_personal else None
         return {
             "total_bytes_to_clients": sum(r.bytes_to_clients for r in self.rounds),
@@ -138,6 +176,7 @@ class ResultsWriter:
             "total_trained_parameters": sum(r.trained_parameters for r in self.rounds),
             "best_global_accuracy": best_global,
             "best_personal_accuracy": best_personal,
+            "best_personal_accuracy_answered": best_answered,
             # FedReG paper, Figure 7: log10(g / p) of the best global and best personal
             # accuracy; 0 means the global model is as good as the personal ones.
             "log10_global_over_personal": score,
@@ -150,10 +189,10 @@ class ResultsWriter:
             "rounds": [asdict(r) for r in self.rounds],
             **self.summary(),
         }
-        _atomic_write(self.json_path, json.dumps(document, indent=2))
+        write_text_atomic(self.json_path, json.dumps(document, indent=2))
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(CSV_COLUMNS)
         for r in self.rounds:
             writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in CSV_COLUMNS])
-        _atomic_write(self.folder / "rounds.csv", buffer.getvalue())
+        write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())

@@ -27,6 +27,8 @@ import numpy as np
 from datasets import Dataset
 from flwr_datasets.partitioner import Partitioner
 
+from fedreg_app import seeds
+
 
 class AssignedPartitioner(Partitioner):
     """Partitions from one seeded assignment of the ``partition_by`` column's values to
@@ -97,7 +99,7 @@ def natural_id_subset(
             f"{num_partitions} clients asked for, but only {eligible.size} of the {names.size} "
             f"natural clients have at least min-partition-size={min_size} samples"
         )
-    rng = np.random.default_rng([seed, 0x1D])
+    rng = seeds.rng(seed, "natural-ids")
     chosen = np.sort(rng.choice(eligible, size=num_partitions, replace=False))
     order = np.argsort(inverse, kind="stable")
     starts = np.concatenate([[0], np.cumsum(counts)])
@@ -114,7 +116,7 @@ def dirichlet_topup(
         raise ValueError(
             f"{num_partitions} clients x {min_size} samples exceeds the {len(labels)} samples"
         )
-    rng = np.random.default_rng([seed, 0xD1])
+    rng = seeds.rng(seed, "topup")
     shares: list[list[int]] = [[] for _ in range(num_partitions)]
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))

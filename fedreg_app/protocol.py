@@ -21,6 +21,7 @@ STATE_KEY = "state-key"  # names the clients' on-disk state of this run
 # Node facts, client -> server (query replies) and node config keys.
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
+STATE_ON_DISK = "state-on-disk"  # 1 when the node keeps private state under a state-dir
 
 # Train-reply metrics, read by the strategies.
 NUM_EXAMPLES = "num-examples"  # |D_k|: size of the client's original train split

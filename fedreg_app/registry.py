@@ -11,21 +11,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.base import ClientProcedure
-from clients.ditto import DittoClient
+from clients.ditto import DittoClient, DittoOptions
 from clients.fedavg import FedAvgClient
-from clients.fedavg2rep import FedAvg2RepClient
-from clients.fedbabu import FedBABUClient
-from clients.fedbabu_deviation import FedBABUDeviationClient
-from clients.feddyn import FedDynClient
+from clients.fedavg2rep import FedAvg2RepClient, FedAvg2RepOptions
+from clients.fedbabu import FedBABUClient, FedBABUOptions
+from clients.fedbabu_deviation import DeviationOptions, FedBABUDeviationClient
+from clients.feddyn import FedDynClient, FedDynOptions
 from clients.fedper import FedPerClient
-from clients.fedprox import FedProxClient
-from clients.fedreg import FedReGClient
-from clients.fedrep import FedRepClient
+from clients.fedprox import FedProxClient, FedProxOptions
+from clients.fedreg import FedReGClient, FedReGOptions
+from clients.fedrep import FedRepClient, FedRepOptions
 from clients.fedrod import FedRoDClient
-from clients.fedseq import FedSeqAntiClient, FedSeqClient
-from clients.gpfl import GPFLClient
+from clients.fedseq import FedSeqAntiClient, FedSeqClient, FedSeqOptions
+from clients.gpfl import GPFLClient, GPFLOptions
 from clients.lg_fedavg import LGFedAvgClient
-from fedreg_app.config import RunConfig
+from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig
 from strategies.base import PersonalizedStrategy
 from strategies.ditto import DittoStrategy
 from strategies.fedavg import FedAvgStrategy
@@ -49,39 +49,51 @@ class Algorithm:
     strategy: type[PersonalizedStrategy]
     client: type[ClientProcedure]
     summary: str
+    #: The algorithm's own run-config keys, declared beside its code.
+    options: type[AlgorithmOptions] = AlgorithmOptions
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
         Algorithm("fedreg", FedReGStrategy, FedReGClient,
-                  "shared base, global head on rebalanced data, private head"),
+                  "shared base, global head on rebalanced data, private head", FedReGOptions),
         Algorithm("fedavg", FedAvgStrategy, FedAvgClient, "whole model averaged by |D_k|"),
-        Algorithm("fedprox", FedProxStrategy, FedProxClient, "FedAvg + proximal term (prox-mu)"),
-        Algorithm("feddyn", FedDynStrategy, FedDynClient, "dynamic regulariser (dyn-alpha)"),
+        Algorithm("fedprox", FedProxStrategy, FedProxClient, "FedAvg + proximal term (prox-mu)",
+                  FedProxOptions),
+        Algorithm("feddyn", FedDynStrategy, FedDynClient, "dynamic regulariser (dyn-alpha)",
+                  FedDynOptions),
         Algorithm("ditto", DittoStrategy, DittoClient,
-                  "FedAvg + personal model pulled to the global one (ditto-lambda)"),
+                  "FedAvg + personal model pulled to the global one (ditto-lambda)",
+                  DittoOptions),
         Algorithm("fedper", FedPerStrategy, FedPerClient, "shared base, private head"),
         Algorithm("fedrep", FedRepStrategy, FedRepClient,
-                  "private head trained first (personal-epochs), then the base"),
+                  "private head trained first (personal-epochs), then the base", FedRepOptions),
         Algorithm("fedbabu", FedBABUStrategy, FedBABUClient,
-                  "base only, head fixed; head fine-tuned before evaluation (finetune-epochs)"),
+                  "base only, head fixed; head fine-tuned before evaluation (finetune-epochs)",
+                  FedBABUOptions),
         Algorithm("fedrod", FedRoDStrategy, FedRoDClient,
                   "balanced-softmax generic head + personal head"),
         Algorithm("gpfl", GPFLStrategy, GPFLClient,
-                  "class embeddings + conditional valve shared, head private"),
+                  "class embeddings + conditional valve shared, head private", GPFLOptions),
         Algorithm("lg-fedavg", LGFedAvgStrategy, LGFedAvgClient,
                   "head shared and averaged, base (representation) private"),
         Algorithm("fedavg2rep", FedAvg2RepStrategy, FedAvg2RepClient,
-                  "FedAvg for fedavg2rep-warmup-rounds, then FedRep"),
+                  "FedAvg for fedavg2rep-warmup-rounds, then FedRep", FedAvg2RepOptions),
         Algorithm("fedbabu-deviation", FedBABUDeviationStrategy, FedBABUDeviationClient,
-                  "FedBABU until the client-accuracy spread settles, then fine-tune rounds"),
+                  "FedBABU until the client-accuracy spread settles, then fine-tune rounds",
+                  DeviationOptions),
         Algorithm("fedseq-vanilla", FedSeqStrategy, FedSeqClient,
-                  "base layers unfrozen input side first; head frozen; fine-tune at the end"),
+                  "base layers unfrozen input side first; head frozen; fine-tune at the end",
+                  FedSeqOptions),
         Algorithm("fedseq-anti", FedSeqAntiStrategy, FedSeqAntiClient,
-                  "base layers unfrozen output side first; head frozen; fine-tune at the end"),
+                  "base layers unfrozen output side first; head frozen; fine-tune at the end",
+                  FedSeqOptions),
     )
 }  # fmt: skip
+
+#: ``algo`` -> options type: what :class:`RunConfig` checks every key against.
+CATALOG = {name: algorithm.options for name, algorithm in ALGORITHMS.items()}
 
 
 def algorithm_names() -> list[str]:
@@ -90,8 +102,6 @@ def algorithm_names() -> list[str]:
 
 def get_algorithm(name: str) -> Algorithm:
     if name not in ALGORITHMS:
-        from fedreg_app.config import ConfigError
-
         raise ConfigError(
             f"algo={name!r} is not allowed: expected one of {', '.join(algorithm_names())}"
         )
@@ -101,4 +111,12 @@ def get_algorithm(name: str) -> Algorithm:
 def load_config(run_config: Mapping[str, Any]) -> RunConfig:
     """The validated run config, the algorithm's own keys included: the one entry point
     for the ServerApp, the ClientApp and the tools."""
-    return RunConfig.from_run_config(run_config)
+    return RunConfig.from_run_config(run_config, CATALOG)
+
+
+def declared_keys() -> dict[str, Any]:
+    """{key: default} of every run-config key: the shared ones and every algorithm's."""
+    declared = RunConfig.core_keys()
+    for options in CATALOG.values():
+        declared.update(options.declared())
+    return declared

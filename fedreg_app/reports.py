@@ -8,7 +8,12 @@ again at any time, from a partial grid too::
     fedreg-report classes --clients 30 --set dataset-path=../shared/data/fashion_mnist
 
 The folder layout is the runner's: ``<root>/<experiment>/<cell>/seed<k>/<run>/results.json``.
-Plots:
+A run counts when its status is ``completed`` (every client answered every phase) or
+``degraded`` (it finished, but some replies were missing or rejected): degraded runs are
+kept and their figures marked ``†`` in the tables; where none of a run's evaluated rounds
+had every client's reply, its P is the figure over the clients that answered, marked ``‡``
+(never shown as the all-client figure). Failed and unfinished runs are left out, and the
+report says how many and why. Plots:
 
 * ``<experiment>_accuracy.png`` - global and personal accuracy per round for each cell,
   mean over seeds with a band of one standard deviation;
@@ -40,15 +45,61 @@ import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from clients.rebalance import class_threshold  # noqa: E402
-from fedreg_app.config import ConfigError, RunConfig  # noqa: E402
+from fedreg_app.config import ConfigError  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
+from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
+from fedreg_app.registry import load_config  # noqa: E402
 
 CELL_SEPARATOR = "__"
+
+# ---------------------------------------------------------------- run status
+#: Statuses of a run that ran to its end; ``failed`` and ``running`` are not.
+FINISHED = ("completed", "degraded")
+DEGRADED = "degraded"
+DEGRADED_MARK = "†"
+ANSWERED_MARK = "‡"
+DEGRADED_NOTE = (
+    f"{DEGRADED_MARK} degraded: some client replies were missing or rejected in these runs "
+    "(each round's `errors` in results.json says which); the figures are kept"
+)
+ANSWERED_NOTE = (
+    f"{ANSWERED_MARK} P over the clients that answered: no evaluated round of these runs had "
+    "every client's reply, so the all-client figure does not exist"
+)
+
+
+def run_status(document: dict[str, Any]) -> str:
+    """``running``, ``completed``, ``degraded`` or ``failed`` ("" if the file has none)."""
+    return str(document.get("run", {}).get("status", ""))
+
+
+def personal_figure(document: dict[str, Any]) -> tuple[float | None, bool]:
+    """A finished run's best personal accuracy and whether it is over the answering clients
+    only: the all-client figure (complete rounds) where there is one, else, for a degraded
+    run, the figure over the clients that answered."""
+    value = document.get("best_personal_accuracy")
+    if value is not None or run_status(document) != DEGRADED:
+        return value, False
+    answered = document.get("best_personal_accuracy_answered")
+    return answered, answered is not None
+
+
+def marked(text: str, degraded: bool, answered: bool = False) -> str:
+    """A table value with the marks its footnotes explain (none on an empty value)."""
+    if text == "–":
+        return text
+    return text + (DEGRADED_MARK if degraded else "") + (ANSWERED_MARK if answered else "")
+
+
+def footnotes(table: str) -> str:
+    """The table with a footnote line for each mark it uses."""
+    notes = [n for n in (DEGRADED_NOTE, ANSWERED_NOTE) if n[0] in table]
+    return "\n\n".join([table, *notes]) if notes else table
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """One completed run, located by the runner's folder layout."""
+    """One finished run (completed or degraded), located by the runner's folder layout."""
 
     experiment: str
     cell: str  # the cell folder, e.g. ``fedreg`` or ``fedreg__variant-a``
@@ -68,30 +119,95 @@ class RunResult:
         return self.document.get("best_global_accuracy")
 
     @property
+    def degraded(self) -> bool:
+        return run_status(self.document) == DEGRADED
+
+    @property
     def best_personal(self) -> float | None:
+        """The all-client figure, over complete rounds only (None if there were none)."""
         return self.document.get("best_personal_accuracy")
 
-    def series(self, metric: str) -> tuple[list[int], list[float]]:
-        """(rounds, values) of a per-round accuracy, skipping rounds not evaluated."""
-        points = [(r["round"], r[metric]) for r in self.document["rounds"] if r[metric] is not None]
+    @property
+    def personal(self) -> tuple[float | None, bool]:
+        """The P a table shows, and whether it is over the answering clients only."""
+        return personal_figure(self.document)
+
+    def series(self, metric: str, answered: bool = False) -> tuple[list[int], list[float]]:
+        """(rounds, values) of a per-round accuracy, skipping rounds not evaluated; with
+        ``answered``, a round without the all-client figure gives the one over the clients
+        that answered (``<metric>_answered``), if it has one."""
+        points = []
+        for record in self.document["rounds"]:
+            value = record.get(metric)
+            if value is None and answered:
+                value = record.get(f"{metric}_answered")
+            if value is not None:
+                points.append((record["round"], value))
         return [p[0] for p in points], [p[1] for p in points]
 
 
-def collect(root: Path) -> list[RunResult]:
-    """Every completed run under ``root`` (the newest one per seed folder)."""
-    newest: dict[Path, RunResult] = {}
-    for path in sorted(root.glob("*/*/seed*/*/results.json")):
-        document = json.loads(path.read_text())
-        if document.get("run", {}).get("status") != "completed":
+@dataclass(frozen=True)
+class Skipped:
+    """A seed folder without a finished run, and why: what its newest run says."""
+
+    seed_folder: Path
+    status: str  # failed, running, or "no results" / "unreadable"
+    error: str | None = None
+
+    def line(self, root: Path) -> str:
+        """``- <experiment>/<cell>/seed<k>: <status>: <first line of the error>``."""
+        reason = self.status + (f": {self.error.splitlines()[0]}" if self.error else "")
+        return f"- {self.seed_folder.relative_to(root)}: {reason}"
+
+
+@dataclass(frozen=True)
+class Collection:
+    """The runs a report uses and the seed folders it leaves out."""
+
+    results: list[RunResult]
+    skipped: list[Skipped]
+
+    def skipped_note(self, root: Path) -> str:
+        """How many seed folders were left out and why ("" if none)."""
+        if not self.skipped:
+            return ""
+        counts = by_key(self.skipped, lambda s: s.status)
+        why = ", ".join(f"{len(v)} {k}" for k, v in counts.items())
+        lines = [f"Skipped {len(self.skipped)} run(s) without a finished results.json ({why}):"]
+        return "\n".join(lines + [s.line(root) for s in self.skipped])
+
+
+def scan(root: Path) -> Collection:
+    """Per seed folder under ``root``, its newest finished run (completed or degraded);
+    a seed folder with none is skipped, with its newest run's status and error."""
+    documents: dict[Path, list[dict[str, Any]]] = {}
+    for path in sorted(root.glob("*/*/seed*/*/results.json")):  # run folders sort by time
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            document = {"run": {"status": "unreadable", "error": f"{path.name}: {err}"}}
+        documents.setdefault(path.parent.parent, []).append(document)
+    results, skipped = [], []
+    for seed_folder, runs in documents.items():
+        finished = [d for d in runs if run_status(d) in FINISHED]
+        if not finished:
+            run = runs[-1].get("run", {})
+            skipped.append(Skipped(seed_folder, run.get("status") or "no status", run.get("error")))
             continue
-        seed_folder = path.parent.parent
-        newest[seed_folder] = RunResult(
-            experiment=seed_folder.parent.parent.name,
-            cell=seed_folder.parent.name,
-            seed=int(seed_folder.name.removeprefix("seed")),
-            document=document,
+        results.append(
+            RunResult(
+                experiment=seed_folder.parent.parent.name,
+                cell=seed_folder.parent.name,
+                seed=int(seed_folder.name.removeprefix("seed")),
+                document=finished[-1],
+            )
         )
-    return list(newest.values())
+    return Collection(results, skipped)
+
+
+def collect(root: Path) -> list[RunResult]:
+    """Every finished run under ``root``: completed or degraded (the newest per seed)."""
+    return scan(root).results
 
 
 def by_key(results: Sequence[RunResult], key: Any) -> dict[Any, list[RunResult]]:
@@ -115,7 +231,8 @@ def mean_std(values: Sequence[float]) -> str:
 # ----------------------------------------------------------------------- tables
 def paper_table(results: Sequence[RunResult]) -> str:
     """The paper's layout: one row per cell (algorithm, variant, grid values), a G and a P
-    column per experiment (dataset, client count, ...), mean ± std over seeds."""
+    column per experiment (dataset, client count, ...), mean ± std over seeds; values that
+    include degraded runs are marked, with a footnote per mark."""
     experiments = list(by_key(results, lambda r: r.experiment))
     cells = list(by_key(results, lambda r: r.cell))
     groups = by_key(results, lambda r: (r.cell, r.experiment))
@@ -126,16 +243,22 @@ def paper_table(results: Sequence[RunResult]) -> str:
         seeds = []
         for experiment in experiments:
             runs = groups.get((cell, experiment), [])
-            row.append(mean_std([r.best_global for r in runs if r.best_global is not None]))
-            row.append(mean_std([r.best_personal for r in runs if r.best_personal is not None]))
+            degraded = any(r.degraded for r in runs)
+            personal = [r.personal for r in runs if r.personal[0] is not None]
+            globals_ = [r.best_global for r in runs if r.best_global is not None]
+            row.append(marked(mean_std(globals_), degraded))
+            row.append(
+                marked(mean_std([p for p, _ in personal]), degraded, any(a for _, a in personal))
+            )
             seeds.append(str(len(runs)))
         lines.append("| " + " | ".join(row + ["/".join(seeds)]) + " |")
-    return "\n".join(lines)
+    return footnotes("\n".join(lines))
 
 
 def cost_table(results: Sequence[RunResult]) -> str:
     """Per cell (mean over seeds): traffic both ways, parameters trained and seconds per
-    round; what the FedSeq paper compares and what an edge deployment pays."""
+    round; what the FedSeq paper compares and what an edge deployment pays. A cell with
+    degraded runs is marked: missing replies carry no traffic, so its costs are lower."""
     header = ["experiment", "cell", "MB to clients", "MB from clients", "training MB to / from",
               "trained params (M)", "s/round (median)", "seeds"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -144,24 +267,29 @@ def cost_table(results: Sequence[RunResult]) -> str:
         def mean(key: str, scale: float, runs: list[RunResult] = runs) -> str:
             return f"{statistics.fmean(r.document.get(key, 0) for r in runs) / scale:.1f}"
 
-        seconds = statistics.fmean(
+        per_run = [
             statistics.median(x["train_seconds"] + x["eval_seconds"] for x in r.document["rounds"])
             for r in runs
-        )
+            if r.document["rounds"]
+        ]
+        seconds = f"{statistics.fmean(per_run):.1f}" if per_run else "–"
+        name = marked(cell.replace(CELL_SEPARATOR, " "), any(r.degraded for r in runs))
         lines.append(
-            f"| {experiment} | {cell.replace(CELL_SEPARATOR, ' ')} | "
+            f"| {experiment} | {name} | "
             f"{mean('total_bytes_to_clients', 1e6)} | {mean('total_bytes_from_clients', 1e6)} | "
             f"{mean('total_train_bytes_to_clients', 1e6)} / "
             f"{mean('total_train_bytes_from_clients', 1e6)} | "
-            f"{mean('total_trained_parameters', 1e6)} | {seconds:.1f} | {len(runs)} |"
+            f"{mean('total_trained_parameters', 1e6)} | {seconds} | {len(runs)} |"
         )
-    return "\n".join(lines)
+    return footnotes("\n".join(lines))
 
 
 # ------------------------------------------------------------------------ plots
-def _mean_band(runs: Sequence[RunResult], metric: str) -> tuple[np.ndarray, ...] | None:
+def _mean_band(
+    runs: Sequence[RunResult], metric: str, answered: bool = False
+) -> tuple[np.ndarray, ...] | None:
     """Rounds common to all seeds, the mean and the std of the metric there."""
-    series = [dict(zip(*r.series(metric), strict=True)) for r in runs]
+    series = [dict(zip(*r.series(metric, answered), strict=True)) for r in runs]
     rounds = sorted(set.intersection(*(set(s) for s in series))) if series else []
     if not rounds:
         return None
@@ -171,18 +299,22 @@ def _mean_band(runs: Sequence[RunResult], metric: str) -> tuple[np.ndarray, ...]
 
 def plot_accuracy_curves(results: Sequence[RunResult], title: str, path: Path) -> Path:
     """Global (left) and personal (right) accuracy per round, one line per cell, mean over
-    seeds with a +-1 std band."""
+    seeds with a +-1 std band. In a degraded run's rounds with missing replies, the
+    personal curve shows the accuracy over the clients that answered; such cells are
+    labelled ``†`` and a note under the figure says so."""
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     cells = by_key(results, lambda r: r.cell)
     colours = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
     for index, (cell, runs) in enumerate(cells.items()):
+        degraded = sum(r.degraded for r in runs)
         for axis, metric in zip(axes, ("global_accuracy", "personal_accuracy"), strict=True):
-            band = _mean_band(runs, metric)
+            band = _mean_band(runs, metric, answered=degraded > 0)
             if band is None:
                 continue
             rounds, mean, std = band
             colour = colours(index % colours.N)
-            label = f"{cell.replace(CELL_SEPARATOR, ' ')} (n={len(runs)})"
+            note = f", {degraded} degraded{DEGRADED_MARK}" if degraded else ""
+            label = f"{cell.replace(CELL_SEPARATOR, ' ')} (n={len(runs)}{note})"
             width = 2.6 if cell.split(CELL_SEPARATOR)[0] == "fedreg" else 1.4
             axis.plot(rounds, mean, marker="o", markersize=3, color=colour, label=label,
                       linewidth=width)  # fmt: skip
@@ -194,12 +326,18 @@ def plot_accuracy_curves(results: Sequence[RunResult], title: str, path: Path) -
         axis.set_ylabel("accuracy (%)")
         axis.grid(alpha=0.3)
     axes[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8)
+    if any(r.degraded for r in results):
+        figure.text(0.01, -0.02, f"{DEGRADED_MARK} degraded runs: some client replies were "
+                    "missing; their personal accuracy there is over the clients that answered",
+                    fontsize=8, ha="left", va="top")  # fmt: skip
     figure.suptitle(title)
     return _save(figure, path)
 
 
 def plot_log_ratio_vs_clients(results: Sequence[RunResult], path: Path) -> Path:
-    """The paper's Figure 7: mean log10(g/p) over seeds against the number of clients."""
+    """The paper's Figure 7: mean log10(g/p) over seeds against the number of clients.
+    Only all-client personal figures count: a degraded run with no complete round has
+    none and is left out of its point."""
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for cell, runs in by_key(results, lambda r: r.cell).items():
         per_clients = by_key(runs, lambda r: r.clients)
@@ -280,13 +418,18 @@ def _save(figure: Any, path: Path) -> Path:
 
 # --------------------------------------------------------------------- reports
 def write_report(root: Path, out: Path) -> list[Path]:
-    """Tables and plots for every completed run under ``root``."""
-    results = collect(root)
+    """Tables and plots for every finished run (completed or degraded) under ``root``; the
+    table says which seed folders were left out and why."""
+    collection = scan(root)
+    results, skipped = collection.results, collection.skipped_note(root)
     if not results:
-        raise FileNotFoundError(f"{root}: no completed results.json under */*/seed*/*/")
+        raise FileNotFoundError(
+            f"{root}: no completed or degraded results.json under */*/seed*/*/"
+            + (f"\n{skipped}" if skipped else "")
+        )
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "table.md", out / "costs.md"]
-    written[0].write_text(paper_table(results) + "\n")
+    written[0].write_text("\n\n".join(filter(None, [paper_table(results), skipped])) + "\n")
     written[1].write_text(cost_table(results) + "\n")
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
@@ -310,7 +453,7 @@ def describe_setting(document: dict[str, Any]) -> str:
 def class_distribution_report(run_config: dict[str, Any], clients: int, out: Path) -> Path:
     """Figure 4 for a run config: partition as the runs do, count labels (no decoding),
     and apply the rebalancing rule with the configured threshold."""
-    config = RunConfig.from_run_config(run_config)
+    config = load_config(run_config)
     key = PartitionKey.from_config(config, clients)
     num_classes = federated_dataset(key).load_split("train").features["label"].num_classes
     original = np.stack(
@@ -350,8 +493,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _classes_main(argv: list[str]) -> int:
-    from fedreg_app.experiments import declared_overrides, declared_run_config  # imports us
-
     parser = argparse.ArgumentParser(
         prog="fedreg-report classes",
         description="Per-client class counts, original and rebalanced (paper Figure 4).",

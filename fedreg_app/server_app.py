@@ -4,123 +4,138 @@ through the algorithm's strategy and writes results after every round.
 The round loop mirrors Flower's ``Strategy.start`` (configure/aggregate train, then
 evaluate) and adds what this project needs: seeded sampling over partitions, evaluation
 every ``eval-every`` rounds on all clients, server-side global accuracy on the union test
-set, per-round timings and results that survive an interrupted run.
+set, per-round timings, a check of every reply before it counts, and results that survive
+an interrupted run and say truthfully how it went (``completed``, ``degraded``, ``failed``).
 """
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
-from logging import INFO, WARNING
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
+from typing import Any
 
-from flwr.app import (
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Message,
-    MessageType,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from clients.base import (
-    COMPUTE_SECONDS,
-    HANDLER_SECONDS,
-    NUM_PROCESSED,
-    NUM_TRAINED_PARAMS,
-    PARTITION_ID,
-)
 from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.client_app import NUM_PARTITIONS
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, TensorData, load_info, load_union_test_set
 from fedreg_app.metrics import ResultsWriter, RoundRecord
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
+from fedreg_app.partition_map import PartitionMap
+from fedreg_app.protocol import (
+    COMPUTE_SECONDS,
+    HANDLER_SECONDS,
+    METRICS,
+    NUM_PARTITIONS,
+    NUM_PROCESSED,
+    NUM_TRAINED_PARAMS,
+    PARTITION_ID,
+    STATE_ON_DISK,
+    STATE_RESETS,
+)
 from fedreg_app.records import from_record, to_record
-from fedreg_app.registry import get_algorithm
+from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.training import count_correct, select_device
-from strategies.base import METRICS, PersonalizedStrategy
+from strategies.base import PersonalizedStrategy
 
 DISCOVERY_TIMEOUT_S = 600.0
 
 app = ServerApp()
 
 
-def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, tuple[int, int]]:
-    """Ask nodes which partition they serve: {node id: (partition id, num-partitions)}.
-    A node that fails to answer is left out (it may have just gone away)."""
+class RunFailedError(RuntimeError):
+    """The run cannot go on (e.g. no client's reply in a phase was usable)."""
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a node says of itself in answer to a query."""
+
+    partition_id: int
+    num_partitions: int
+    state_on_disk: bool
+
+
+def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, NodeFacts]:
+    """Ask nodes which partition they serve. A node that fails to answer, or answers
+    nonsense, is left out (it may have just gone away)."""
     if not nodes:
         return {}
     queries = [Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     answers = {}
     for reply in grid.send_and_receive(queries, timeout=60):
+        node = reply.metadata.src_node_id
         if reply.has_error():
-            log(
-                WARNING,
-                "node %d did not answer: %s",
-                reply.metadata.src_node_id,
-                reply.error.reason,
-            )
+            log(WARNING, "node %d did not answer: %s", node, first_line(reply.error.reason))
             continue
-        metrics = reply.content[METRICS]
-        answers[reply.metadata.src_node_id] = (
-            int(metrics[PARTITION_ID]),
-            int(metrics[NUM_PARTITIONS]),
-        )
+        try:
+            metrics = reply.content[METRICS]
+            facts = NodeFacts(int(metrics[PARTITION_ID]), int(metrics[NUM_PARTITIONS]),
+                              bool(metrics.get(STATE_ON_DISK, 0)))  # fmt: skip
+        except (KeyError, TypeError, ValueError) as err:
+            log(WARNING, "node %d answered the query without usable facts: %s", node, err)
+            continue
+        if not 0 <= facts.partition_id < facts.num_partitions:
+            log(WARNING, "node %d claims partition %d of %d; ignored", node,
+                facts.partition_id, facts.num_partitions)  # fmt: skip
+            continue
+        answers[node] = facts
     return answers
 
 
 def discover_partitions(
     grid: Grid, timeout: float = DISCOVERY_TIMEOUT_S
-) -> tuple[dict[int, int], int]:
+) -> tuple[PartitionMap, dict[int, NodeFacts]]:
     """Ask every connected node which partition it serves; wait until all partitions
-    have a node. Returns ({partition id: node id}, number of partitions)."""
-    partition_nodes: dict[int, int] = {}
-    asked: set[int] = set()
-    num_partitions = 0
+    have a node. Returns the map and each node's facts."""
+    partitions: PartitionMap | None = None
+    facts: dict[int, NodeFacts] = {}
     deadline = time.monotonic() + timeout
     while True:
-        new_nodes = [n for n in grid.get_node_ids() if n not in asked]
-        for node, (pid, count) in query_nodes(grid, new_nodes).items():
-            if num_partitions and count != num_partitions:
-                raise ConfigError(f"nodes disagree on num-partitions: {num_partitions} and {count}")
-            num_partitions = count
-            partition_nodes[pid] = node
-            asked.add(node)
-        if num_partitions and len(partition_nodes) >= num_partitions:
-            return partition_nodes, num_partitions
+        new_nodes = [n for n in grid.get_node_ids() if n not in facts]
+        for node, answer in query_nodes(grid, new_nodes).items():
+            if partitions is None:
+                partitions = PartitionMap(answer.num_partitions)
+            if answer.num_partitions != partitions.num_partitions:
+                raise ConfigError(
+                    f"nodes disagree on num-partitions: {partitions.num_partitions} and "
+                    f"{answer.num_partitions}"
+                )
+            partitions.assign(answer.partition_id, node)
+            facts[node] = answer
+        if partitions is not None and len(partitions) >= partitions.num_partitions:
+            return partitions, facts
         if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"only partitions {sorted(partition_nodes)} of {num_partitions} have a node"
-            )
+            found = partitions.available() if partitions else []
+            raise TimeoutError(f"after {timeout:.0f}s only partitions {found} have a node")
         time.sleep(1.0)
 
 
-def refresh_partitions(grid: Grid, strategy: PersonalizedStrategy) -> None:
+def refresh_partitions(grid: Grid, partitions: PartitionMap) -> None:
     """Before a round: forget partitions whose node is gone, and map partitions of nodes
     that (re)connected, so that sampling skips devices that dropped out and uses a device
     again when it comes back (with a new node id)."""
     live = set(grid.get_node_ids())
-    for pid, node in list(strategy.partition_nodes.items()):
-        if node not in live:
-            log(WARNING, "partition %d: node %d is gone; skipped until it returns", pid, node)
-            strategy.forget_partition(pid)
-    known = set(strategy.partition_nodes.values()) | strategy.retired_nodes
-    for node, (pid, count) in query_nodes(grid, sorted(live - known)).items():
-        if count != strategy.num_partitions:
-            log(WARNING, "node %d serves 1 of %d partitions, not of %d; ignored", node, count,
-                strategy.num_partitions)  # fmt: skip
-            strategy.retired_nodes.add(node)
+    for pid, node in partitions.forget_gone(live):
+        log(WARNING, "partition %d: node %d is gone; skipped until it returns", pid, node)
+    for node, answer in query_nodes(grid, sorted(live - partitions.known_nodes())).items():
+        if answer.num_partitions != partitions.num_partitions:
+            log(WARNING, "node %d serves 1 of %d partitions, not of %d; ignored", node,
+                answer.num_partitions, partitions.num_partitions)  # fmt: skip
+            partitions.retire(node)
             continue
-        previous = strategy.partition_nodes.get(pid)
-        if previous is not None:  # a device restarted before its old id expired
-            log(WARNING, "partition %d: node %d replaces node %d", pid, node, previous)
-            strategy.retired_nodes.add(previous)
-        log(INFO, "partition %d: served by node %d", pid, node)
-        strategy.partition_nodes[pid] = node
+        replaced = partitions.assign(answer.partition_id, node)
+        if replaced is not None:  # a device restarted before its old id expired
+            log(WARNING, "partition %d: node %d replaces node %d", answer.partition_id, node,
+                replaced)  # fmt: skip
+        log(INFO, "partition %d: served by node %d", answer.partition_id, node)
 
 
 def global_accuracy(
@@ -132,30 +147,38 @@ def global_accuracy(
     return count_correct(predict, test_set, device) / len(test_set)
 
 
-def run_folder(config: RunConfig, run_id: int) -> Path:
+def run_folder(results_dir: str, parts: Iterable[Any], run_id: int) -> Path:
+    """``<results-dir>/<stamp>_<parts>_run<id>``; the name is also the clients' state key,
+    so it keeps to letters, digits and ``._-``."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    dataset = Path(config.dataset_path or config.dataset).name.replace("/", "_")
-    name = f"{stamp}_{config.algo}_{dataset}_a{config.alpha:g}_s{config.seed}_run{run_id}"
-    return Path(config.results_dir).expanduser().resolve() / name
+    name = "_".join([stamp, *(str(p) for p in parts), f"run{run_id}"])
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)[:180]
+    return Path(results_dir or "results").expanduser().resolve() / name
+
+
+def config_folder(config: RunConfig, run_id: int) -> Path:
+    dataset = Path(config.dataset_path or config.dataset).name
+    parts = (config.algo, dataset, f"a{config.alpha:g}", f"s{config.seed}")
+    return run_folder(config.results_dir, parts, run_id)
 
 
 def wait_for_clients(
-    grid: Grid, strategy: PersonalizedStrategy, needed: int, timeout: float = DISCOVERY_TIMEOUT_S
+    grid: Grid, partitions: PartitionMap, needed: int, timeout: float = DISCOVERY_TIMEOUT_S
 ) -> None:
     """Refresh the partition map; while fewer than ``needed`` partitions have a node (the
     devices dropped out), wait for them instead of running rounds that cannot train. After
     ``timeout`` the run stops; its checkpoint lets it resume."""
     deadline = time.monotonic() + timeout
-    refresh_partitions(grid, strategy)
-    while len(strategy.partition_nodes) < needed:
+    refresh_partitions(grid, partitions)
+    while len(partitions) < needed:
         if time.monotonic() > deadline:
             raise TimeoutError(
-                f"only {len(strategy.partition_nodes)} clients connected for {timeout:.0f}s; "
+                f"only {len(partitions)} clients connected for {timeout:.0f}s; "
                 f"min-train-replies={needed}. Resume from the checkpoint when devices are back"
             )
-        log(WARNING, "%d clients connected, waiting for %d", len(strategy.partition_nodes), needed)
+        log(WARNING, "%d clients connected, waiting for %d", len(partitions), needed)
         time.sleep(5.0)
-        refresh_partitions(grid, strategy)
+        refresh_partitions(grid, partitions)
 
 
 def payload_bytes(messages: Iterable[Message]) -> int:
@@ -170,26 +193,180 @@ def payload_bytes(messages: Iterable[Message]) -> int:
     )
 
 
+def first_line(text: str) -> str:
+    """The first non-empty line of an error (Flower's reasons carry whole tracebacks);
+    for a traceback, its last line: the exception itself."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    if lines[0].startswith("Traceback") or "Traceback (most recent call last)" in text:
+        return lines[-1][:500]
+    return lines[0][:500]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A message that brought nothing usable back: its node, partition and why."""
+
+    node: int
+    partition: int | None
+    reason: str
+
+
 @dataclass
-class Exchange:
-    """One phase's messages: the replies, bytes each way and how long it took."""
+class Phase:
+    """One phase's outcome: the replies that passed the checks, the failures, the bytes
+    each way (accepted replies only) and the seconds it took."""
 
-    replies: list[Message]
-    bytes_sent: int
-    bytes_received: int
-    seconds: float
+    name: str
+    sent: int = 0
+    accepted: list[Message] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    seconds: float = 0.0
+
+    def check_usable(self, server_round: int) -> None:
+        """Messages went out and not one usable reply came back: stop the run (a bug or a
+        broken setup, not a flaky device), naming the clients' errors."""
+        if self.sent and not self.accepted:
+            reasons = "; ".join(sorted({f.reason for f in self.failures}))
+            raise RunFailedError(
+                f"round {server_round}: none of the {self.sent} {self.name} replies was usable: "
+                f"{reasons}"
+            )
 
 
-def exchange(grid: Grid, messages: Iterable[Message], timeout: float = 0.0) -> Exchange:
-    """Send and wait for the replies (at most ``timeout`` seconds when > 0; a node that
-    died is answered with an error by Flower); count the arrays' bytes both ways."""
+ReplyCheck = Callable[[Message, int], str]
+
+
+def run_phase(
+    name: str,
+    grid: Grid,
+    messages: Iterable[Message],
+    partitions: PartitionMap,
+    check: ReplyCheck,
+    timeout: float = 0.0,
+) -> Phase:
+    """Send, wait for the replies (at most ``timeout`` seconds when > 0), and sort them:
+    a reply is accepted only if Flower reports no error for it and ``check(reply,
+    partition)`` finds no problem; a message without a reply is a failure too."""
     started = time.perf_counter()
     messages = list(messages)
+    phase = Phase(name, sent=len(messages), bytes_sent=payload_bytes(messages))
     if not messages:
-        return Exchange([], 0, 0, 0.0)
-    replies = list(grid.send_and_receive(messages, timeout=timeout or None))
-    received = payload_bytes(r for r in replies if not r.has_error())
-    return Exchange(replies, payload_bytes(messages), received, time.perf_counter() - started)
+        return phase
+    partition_of = {m.metadata.dst_node_id: partitions.partition_of(m.metadata.dst_node_id)
+                    for m in messages}  # fmt: skip
+    answered = set()
+    for reply in grid.send_and_receive(messages, timeout=timeout or None):
+        node = reply.metadata.src_node_id
+        answered.add(node)
+        pid = partition_of.get(node)
+        if reply.has_error():
+            problem = first_line(reply.error.reason) or f"error code {reply.error.code}"
+        elif pid is None:
+            problem = "a reply from a node no message was sent to"
+        else:
+            problem = check(reply, pid)
+        if problem:
+            log(WARNING, "%s: node %d (partition %s) failed: %s", name, node, pid, problem)
+            phase.failures.append(Failure(node, pid, problem))
+        else:
+            phase.accepted.append(reply)
+    for node in sorted(set(partition_of) - answered):
+        phase.failures.append(
+            Failure(node, partition_of[node], f"no reply within reply-timeout={timeout:g}s")
+        )
+    phase.bytes_received = payload_bytes(phase.accepted)
+    phase.seconds = time.perf_counter() - started
+    return phase
+
+
+def error_summary(*phases: Phase) -> list[dict[str, Any]]:
+    """One entry per distinct (phase, error): the first line and who reported it."""
+    grouped: dict[tuple[str, str], list[Failure]] = {}
+    for phase in phases:
+        for failure in phase.failures:
+            grouped.setdefault((phase.name, failure.reason), []).append(failure)
+    return [
+        {
+            "phase": phase_name,
+            "error": reason,
+            "nodes": sorted(f.node for f in failures),
+            "partitions": sorted(f.partition for f in failures if f.partition is not None),
+        }
+        for (phase_name, reason), failures in grouped.items()
+    ]
+
+
+def check_weights(strategy: PersonalizedStrategy, training: Phase) -> None:
+    """Weights may be zero one by one but not all: then nothing can be averaged, and every
+    reply of the round is counted as failed."""
+    for key in set(strategy.group_weights.values()):
+        if (
+            training.accepted
+            and sum(float(m.content[METRICS][key]) for m in training.accepted) <= 0
+        ):
+            training.failures += [
+                Failure(
+                    m.metadata.src_node_id,
+                    int(m.content[METRICS][PARTITION_ID]),
+                    f"aggregation weights {key} sum to zero",
+                )  # fmt: skip
+                for m in training.accepted
+            ]
+            training.accepted = []
+            return
+
+
+@dataclass
+class Evaluation:
+    """An evaluation phase and what came of it (all None when the round had none)."""
+
+    phase: Phase
+    personal: dict[str, Any] = field(default_factory=dict)
+    global_accuracy: float | None = None
+    server_seconds: float = 0.0
+
+
+def train_round(
+    grid: Grid, config: RunConfig, strategy: PersonalizedStrategy, server_round: int,
+    arrays: ArrayRecord,
+) -> tuple[Phase, ArrayRecord, dict[str, Any]]:  # fmt: skip
+    """Sample, send, check and aggregate one training phase."""
+    started = time.perf_counter()
+    messages = strategy.configure_train(server_round, arrays, ConfigRecord(), grid)
+    training = run_phase(
+        "train", grid, messages, strategy.partitions,
+        lambda reply, pid: strategy.train_reply_problem(reply, pid, server_round),
+        config.reply_timeout,
+    )  # fmt: skip
+    check_weights(strategy, training)
+    training.check_usable(server_round)
+    aggregated, metrics = strategy.aggregate_train(server_round, training.accepted)
+    training.seconds = time.perf_counter() - started
+    return training, aggregated if aggregated is not None else arrays, dict(metrics or {})
+
+
+def evaluate_round(
+    grid: Grid, config: RunConfig, strategy: PersonalizedStrategy, server_round: int,
+    arrays: ArrayRecord, model: SplitModel, test_set: TensorData,
+) -> Evaluation:  # fmt: skip
+    """Every client's personal model on its own test split, then the global model on the
+    union of the splits (server side)."""
+    started = time.perf_counter()
+    if not config.is_eval_round(server_round):
+        return Evaluation(Phase("evaluate"))
+    messages = strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid)
+    phase = run_phase("evaluate", grid, messages, strategy.partitions,
+                      strategy.eval_reply_problem, config.reply_timeout)  # fmt: skip
+    phase.check_usable(server_round)
+    personal = dict(strategy.aggregate_evaluate(server_round, phase.accepted) or {})
+    evaluated = time.perf_counter()
+    accuracy = global_accuracy(strategy, model, arrays, test_set)
+    phase.seconds = time.perf_counter() - started
+    return Evaluation(phase, personal, accuracy, time.perf_counter() - evaluated)
 
 
 def run_rounds(
@@ -203,47 +380,12 @@ def run_rounds(
     first_round: int = 1,
 ) -> ArrayRecord:
     for server_round in range(first_round, config.num_server_rounds + 1):
-        started = time.perf_counter()
-        wait_for_clients(grid, strategy, config.min_train_replies)
-        training = exchange(
-            grid,
-            strategy.configure_train(server_round, arrays, ConfigRecord(), grid),
-            config.reply_timeout,
-        )
-        aggregated, train_metrics = strategy.aggregate_train(server_round, training.replies)
-        if aggregated is not None:
-            arrays = aggregated
-        train_seconds = time.perf_counter() - started
-
-        started = time.perf_counter()
-        evaluation = Exchange([], 0, 0, 0.0)
-        personal: dict = {}
-        global_acc, server_eval_seconds = None, 0.0
-        if config.is_eval_round(server_round):
-            evaluation = exchange(
-                grid,
-                strategy.configure_evaluate(server_round, arrays, ConfigRecord(), grid),
-                config.reply_timeout,
-            )
-            personal = dict(strategy.aggregate_evaluate(server_round, evaluation.replies) or {})
-            evaluated = time.perf_counter()
-            global_acc = global_accuracy(strategy, model, arrays, test_set)
-            server_eval_seconds = time.perf_counter() - evaluated
-        eval_seconds = time.perf_counter() - started
-
-        record = round_record(
-            server_round,
-            global_acc,
-            personal,
-            dict(train_metrics or {}),
-            strategy.last_sampled,
-        )
-        record.train_seconds, record.eval_seconds = round(train_seconds, 3), round(eval_seconds, 3)
-        record.server_eval_seconds = round(server_eval_seconds, 3)
-        record.bytes_to_clients = training.bytes_sent + evaluation.bytes_sent
-        record.bytes_from_clients = training.bytes_received + evaluation.bytes_received
-        record.train_bytes_to_clients = training.bytes_sent
-        record.train_bytes_from_clients = training.bytes_received
+        wait_for_clients(grid, strategy.partitions, config.min_train_replies)
+        training, arrays, train_metrics = train_round(grid, config, strategy, server_round,
+                                                      arrays)  # fmt: skip
+        evaluation = evaluate_round(grid, config, strategy, server_round, arrays, model, test_set)
+        record = round_record(server_round, training, evaluation, train_metrics, strategy,
+                              len(test_set))  # fmt: skip
         writer.run.update(strategy.report())
         writer.add(record)
         save_checkpoint(writer.folder, server_round, arrays, strategy, config)
@@ -272,36 +414,68 @@ def save_checkpoint(
     ).save(folder)
 
 
+def coverage(evaluation: Evaluation, num_clients: int, num_test: int) -> dict[str, int] | None:
+    """How much of the federation the personal figure covers."""
+    if not evaluation.phase.sent and not evaluation.personal:
+        return None
+    return {
+        "clients": len(evaluation.phase.accepted),
+        "of_clients": num_clients,
+        "test_samples": int(evaluation.personal.get("num-test", 0)),
+        "of_test_samples": num_test,
+    }
+
+
 def round_record(
     server_round: int,
-    global_acc: float | None,
-    personal: dict,
-    train_metrics: dict,
-    sampled: list[int],
+    training: Phase,
+    evaluation: Evaluation,
+    train_metrics: dict[str, Any],
+    strategy: PersonalizedStrategy,
+    num_test: int,
 ) -> RoundRecord:
-    """One round's accuracies and client-reported costs; ``personal`` is the aggregated
-    evaluation ({} if none ran), ``train_metrics`` the aggregated training replies."""
+    """The round's record, built once from its two phases. The personal accuracy is the
+    all-client figure only when every client answered; otherwise it is null and the
+    partial figure is ``personal_accuracy_answered``."""
+    personal = evaluation.personal
+    covered = coverage(evaluation, strategy.num_partitions, num_test)
+    complete = covered is not None and covered["clients"] == covered["of_clients"]
     client_accuracies = None
     if personal:
         partitions, accuracies = personal["client-partitions"], personal["client-accuracies"]
         client_accuracies = {str(p): a for p, a in zip(partitions, accuracies, strict=True)}
+    eval_metrics = [dict(m.content[METRICS]) for m in evaluation.phase.accepted]
+    train_replies = [dict(m.content[METRICS]) for m in training.accepted]
 
     def client_seconds(key: str) -> float:
         return round(float(train_metrics.get(key, 0.0)) + float(personal.get(key, 0.0)), 3)
 
     return RoundRecord(
         round=server_round,
-        global_accuracy=global_acc,
-        personal_accuracy=personal.get("personal-accuracy"),
-        personal_accuracy_std=personal.get("personal-accuracy-std"),
-        train_seconds=0.0,
-        eval_seconds=0.0,
+        global_accuracy=evaluation.global_accuracy,
+        personal_accuracy=personal.get("personal-accuracy") if complete else None,
+        personal_accuracy_std=personal.get("personal-accuracy-std") if complete else None,
+        train_seconds=round(training.seconds, 3),
+        eval_seconds=round(evaluation.phase.seconds, 3),
         num_train_examples=int(train_metrics.get(NUM_PROCESSED, 0)),
         trained_parameters=int(train_metrics.get(NUM_TRAINED_PARAMS, 0)),
+        bytes_to_clients=training.bytes_sent + evaluation.phase.bytes_sent,
+        bytes_from_clients=training.bytes_received + evaluation.phase.bytes_received,
+        train_bytes_to_clients=training.bytes_sent,
+        train_bytes_from_clients=training.bytes_received,
         client_compute_seconds=client_seconds(COMPUTE_SECONDS),
         client_handler_seconds=client_seconds(HANDLER_SECONDS),
-        sampled_clients=list(sampled),
+        server_eval_seconds=round(evaluation.server_seconds, 3),
+        sampled_clients=list(strategy.last_sampled),
         client_accuracies=client_accuracies,
+        train_replies=len(training.accepted),
+        train_failures=len(training.failures),
+        eval_replies=len(evaluation.phase.accepted),
+        eval_failures=len(evaluation.phase.failures),
+        errors=error_summary(training, evaluation.phase),
+        personal_accuracy_answered=personal.get("personal-accuracy"),
+        personal_coverage=covered,
+        state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
     )
 
 
@@ -309,38 +483,100 @@ def round_line(record: RoundRecord, num_rounds: int) -> str:
     def pct(value: float | None) -> str:
         return "   -   " if value is None else f"{100 * value:6.2f}%"
 
-    return (
+    line = (
         f"[round {record.round:>3}/{num_rounds}] {record.train_seconds + record.eval_seconds:7.1f}s"
         f" | global {pct(record.global_accuracy)} | personal {pct(record.personal_accuracy)}"
     )
+    if record.degraded:
+        line += (
+            f" | DEGRADED: {record.train_failures} train / {record.eval_failures} eval "
+            f"failures; personal over answered {pct(record.personal_accuracy_answered)}"
+        )
+    return line
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    config = RunConfig.from_run_config(context.run_config)  # fails fast on bad input
-    strategy = get_algorithm(config.algo).strategy(config)  # checks the algorithm's keys
+def describe_error(error: BaseException) -> str:
+    """The error for ``run.error``: its type and message (and where, for a bug)."""
+    if isinstance(error, ConfigError | RunFailedError | TimeoutError):
+        return f"{type(error).__name__}: {error}"
+    where = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+    place = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
+    return f"{type(error).__name__}: {error}{place}"
+
+
+def failed_before_start(context: Context, error: BaseException) -> Path:
+    """A run that fails before its results folder exists (bad config, missing or corrupt
+    dataset, no clients) still leaves a ``results.json`` saying so."""
+    raw = dict(context.run_config)
+    parts = (raw.get("algo", "run"), "failed")
+    folder = run_folder(str(raw.get("results-dir", "results")), parts, context.run_id)
+    writer = ResultsWriter(folder, raw, {"run_id": context.run_id, "algo": raw.get("algo")})
+    writer.finish(error=describe_error(error))
+    return writer.json_path
+
+
+@dataclass
+class RunSetup:
+    """Everything the round loop needs, made once at the start (or resume) of a run."""
+
+    config: RunConfig
+    strategy: PersonalizedStrategy
+    model: SplitModel
+    test_set: TensorData
+    writer: ResultsWriter
+    arrays: ArrayRecord
+    first_round: int
+
+
+def check_federation(
+    config: RunConfig, strategy: PersonalizedStrategy, facts: dict[int, NodeFacts],
+    keeps_client_state: bool,
+) -> None:  # fmt: skip
+    """Settings that can only be checked once the clients are known, before any work."""
+    per_round = strategy.clients_per_round()
+    if config.min_train_replies > per_round:
+        raise ConfigError(
+            f"min-train-replies={config.min_train_replies} is not allowed: expected at most "
+            f"{per_round}, the clients sampled per round ({strategy.num_partitions} clients x "
+            f"fraction-train={config.fraction_train:g})"
+        )
+    without_disk = sorted(f.partition_id for f in facts.values() if not f.state_on_disk)
+    if config.resume and keeps_client_state and without_disk:
+        raise ConfigError(
+            f"resume={config.resume!r} with algo={config.algo!r} needs every client's private "
+            f"state on disk, but partitions {without_disk[:10]} have no state-dir: set the "
+            "run config's state-dir (simulation) or each SuperNode's --node-config state-dir"
+        )
+
+
+def start_run(grid: Grid, context: Context) -> RunSetup:
+    """Validate, find the clients, load the data and the model, or the checkpoint."""
+    config = load_config(context.run_config)  # fails fast on bad input
+    algorithm = get_algorithm(config.algo)
+    strategy = algorithm.strategy(config)
     checkpoint, resumed_folder = None, None
     if config.resume:
         checkpoint, resumed_folder = Checkpoint.load(Path(config.resume))
         checkpoint.check_compatible(config)
-    partition_nodes, num_partitions = discover_partitions(grid)
-    strategy.set_partitions(partition_nodes, num_partitions)
-    key = PartitionKey.from_config(config, num_partitions)
+    partitions, facts = discover_partitions(grid)
+    strategy.set_partitions(partitions)
+    check_federation(config, strategy, facts, algorithm.client.keeps_state())
+    key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
     test_set = load_union_test_set(key)
     model = initial_model(info, config).to(select_device(config.device))
     strategy.prepare_model(model)
-
     run_info = {
         "run_id": context.run_id,
         "algo": config.algo,
-        "num_clients": num_partitions,
+        "num_clients": partitions.num_partitions,
         "num_classes": info.num_classes,
         "image_shape": [info.channels, info.height, info.width],
         "global_test_size": len(test_set),
     }
     if checkpoint is None:
-        writer = ResultsWriter(run_folder(config, context.run_id), config.to_run_config(), run_info)
+        writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),
+                               run_info)  # fmt: skip
         strategy.state_key = writer.folder.name
         arrays, first_round = to_record(model.group_state(BASE, HEAD_G, EXTRA)), 1
     else:
@@ -350,19 +586,37 @@ def main(grid: Grid, context: Context) -> None:
         strategy.state_key = checkpoint.state_key
         arrays, first_round = to_record(checkpoint.model), checkpoint.round + 1
         log(INFO, "resuming %s after round %d", writer.folder, checkpoint.round)
-    log(INFO, "%s on %d clients; results in %s", config.algo, num_partitions, writer.folder)
+    log(INFO, "%s on %d clients; results in %s", config.algo, partitions.num_partitions,
+        writer.folder)  # fmt: skip
     strategy.summary()
+    return RunSetup(config, strategy, model, test_set, writer, arrays, first_round)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    writer: ResultsWriter | None = None
     try:
-        run_rounds(grid, config, strategy, model, test_set, writer, arrays, first_round)
-    except BaseException:
-        writer.finish("failed")
+        setup = start_run(grid, context)
+        writer = setup.writer
+        run_rounds(grid, setup.config, setup.strategy, setup.model, setup.test_set, writer,
+                   setup.arrays, setup.first_round)  # fmt: skip
+    except BaseException as error:
+        message = describe_error(error)
+        if writer is None:
+            path = failed_before_start(context, error)
+        else:
+            writer.finish(error=message)
+            path = writer.json_path
+        log(ERROR, "run failed: %s (written to %s)", message, path)
         raise
-    writer.finish()
+    status = writer.finish()
     summary = writer.summary()
     log(
         INFO,
-        "best global %.4f | best personal %.4f | %s",
+        "run %s | best global %.4f | best personal %s | %s",
+        status,
         summary["best_global_accuracy"] or 0.0,
-        summary["best_personal_accuracy"] or 0.0,
+        "-" if summary["best_personal_accuracy"] is None
+        else f"{summary['best_personal_accuracy']:.4f}",
         writer.json_path,
-    )
+    )  # fmt: skip

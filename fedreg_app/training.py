@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -24,13 +23,6 @@ def select_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
-
-
-def seeded_generator(seed: int, *context: int) -> torch.Generator:
-    """A generator for one purpose (e.g. client 3, round 7): distinct streams, all
-    derived from the run's seed, so the same seed gives the same numbers."""
-    entropy = np.random.SeedSequence([seed, *context]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(entropy))
 
 
 def batches(

@@ -20,25 +20,26 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from clients.base import (
+from fedreg_app.config import RunConfig
+from fedreg_app.models import BASE, HEAD_G, SplitModel, group_of
+from fedreg_app.partition_map import PartitionMap
+from fedreg_app.protocol import (
+    ARRAYS,
     COMPUTE_SECONDS,
+    CONFIG,
     HANDLER_SECONDS,
+    METRICS,
     NUM_EXAMPLES,
     NUM_PROCESSED,
     NUM_TEST,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
     PERSONAL_CORRECT,
+    SERVER_ROUND,
+    STATE_KEY,
 )
-from fedreg_app.config import RunConfig
-from fedreg_app.models import BASE, HEAD_G, SplitModel, group_of
 from fedreg_app.records import from_record, to_record
-
-ARRAYS = "arrays"
-METRICS = "metrics"
-CONFIG = "config"
-SERVER_ROUND = "server-round"
-STATE_KEY = "state-key"  # names the clients' on-disk state of this run
+from fedreg_app.seeds import rng
 
 
 def sample_size(num_clients: int, fraction: float) -> int:
@@ -100,37 +101,32 @@ class PersonalizedStrategy(Strategy):
         self.config = config
         # Sampling is over partition ids with the run's seed: every algorithm run with the
         # same seed trains the same clients in the same rounds.
-        self.sampling_rng = np.random.default_rng([config.seed, 0x5A3])
+        self.sampling_rng = rng(config.seed, "sampling")
         self.participation: np.ndarray | None = None  # per-partition probabilities
-        self.partition_nodes: dict[int, int] = {}
-        self.retired_nodes: set[int] = set()  # replaced or foreign nodes: not asked again
-        self.num_partitions = 0
+        self.partitions = PartitionMap(0)
         self.last_sampled: list[int] = []
         self._current: dict[str, np.ndarray] = {}
-        #: The round whose training messages are being made (None otherwise, e.g. while
-        #: evaluating): ``sample_partitions`` and ``arrays_to_send`` may depend on it.
-        self.training_round: int | None = None
         #: Names the clients' on-disk state for this run (set by the ServerApp).
         self.state_key = ""
 
     # -------------------------------------------------------------- clients
-    def set_partitions(self, partition_nodes: Mapping[int, int], num_partitions: int) -> None:
-        """Tell the strategy which node serves which partition (found by the ServerApp)."""
-        self.partition_nodes = dict(partition_nodes)
-        self.num_partitions = num_partitions
+    def set_partitions(self, partitions: PartitionMap) -> None:
+        """The ServerApp's map of which node serves which partition; it stays the owner
+        (it refreshes the map between rounds), the strategy reads it."""
+        self.partitions = partitions
         gamma = self.config.participation_gamma
         if gamma > 0:  # skewed participation (003, Section 4.4): fixed for the whole run
-            draw = np.random.default_rng([self.config.seed, 0x9A7])
-            self.participation = draw.dirichlet(np.full(num_partitions, gamma))
+            draw = rng(self.config.seed, "participation")
+            self.participation = draw.dirichlet(np.full(partitions.num_partitions, gamma))
 
-    def forget_partition(self, partition_id: int) -> None:
-        """Its node is gone: no messages for it until a node serves it again."""
-        self.partition_nodes.pop(partition_id, None)
+    @property
+    def num_partitions(self) -> int:
+        return self.partitions.num_partitions
 
-    def sample_partitions(self) -> list[int]:
-        """This round's clients: a seeded draw without replacement over the partitions that
-        have a node now (all of them unless devices dropped out)."""
-        available = sorted(self.partition_nodes)
+    def sample_partitions(self, server_round: int) -> list[int]:
+        """Round ``server_round``'s clients: a seeded draw without replacement over the
+        partitions that have a node now (all of them unless devices dropped out)."""
+        available = self.partitions.available()
         if not available:
             return []
         k = min(sample_size(self.num_partitions, self.config.fraction_train), len(available))
@@ -140,6 +136,11 @@ class PersonalizedStrategy(Strategy):
             weights = weights / weights.sum()
         chosen = self.sampling_rng.choice(available, size=k, replace=False, p=weights)
         return sorted(int(p) for p in chosen)
+
+    def clients_per_round(self) -> int:
+        """How many clients an ordinary training round samples (min-train-replies must
+        not exceed it)."""
+        return sample_size(self.num_partitions, self.config.fraction_train)
 
     # ------------------------------------------------------------- run end
     def finished(self, server_round: int) -> bool:
@@ -165,7 +166,7 @@ class PersonalizedStrategy(Strategy):
     ) -> list[Message]:
         messages = []
         for pid in partitions:
-            node = self.partition_nodes.get(pid)
+            node = self.partitions.node_of(pid)
             if node is None:
                 log(WARNING, "partition %d has no connected node; skipped this round", pid)
                 continue
@@ -187,10 +188,12 @@ class PersonalizedStrategy(Strategy):
         return model
 
     # ------------------------------------------------------------ training
-    def arrays_to_send(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """What clients receive, for training and evaluation alike: the ``sent_groups``
-        (default: the whole global model). Parts the server keeps only for the global
-        figure, or that clients already hold, stay out."""
+    def arrays_to_send(
+        self, arrays: dict[str, np.ndarray], server_round: int | None
+    ) -> dict[str, np.ndarray]:
+        """What clients receive for training in ``server_round`` (None: for evaluation):
+        the ``sent_groups`` (default: the whole global model). Parts the server keeps only
+        for the global figure, or that clients already hold, stay out."""
         if self.sent_groups is None:
             return arrays
         return {key: value for key, value in arrays.items() if group_of(key) in self.sent_groups}
@@ -199,21 +202,39 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._current = from_record(arrays)
-        self.training_round = server_round
-        try:
-            self.last_sampled = self.sample_partitions()
-            sent = self.arrays_to_send(self._current)
-        finally:
-            self.training_round = None
+        self.last_sampled = self.sample_partitions(server_round)
+        sent = self.arrays_to_send(self._current, server_round)
         config[SERVER_ROUND] = server_round
         config[STATE_KEY] = self.state_key
         record = RecordDict({ARRAYS: to_record(sent), CONFIG: config})
         return self._messages(self.last_sampled, record, MessageType.TRAIN)
 
+    def expected_reply_arrays(self, server_round: int) -> dict[str, np.ndarray]:
+        """The arrays (names, shapes, dtypes) a training reply must carry: the global
+        model's entries of the aggregated groups."""
+        return {k: v for k, v in self._current.items() if group_of(k) in self.group_weights}
+
+    def train_reply_problem(self, msg: Message, partition_id: int, server_round: int) -> str:
+        """Why a training reply cannot be aggregated ("" if it can): it must carry exactly
+        the expected arrays, all finite, and sound sample counts from the partition the
+        message went to. A reply is data from the wire; none is trusted."""
+        if ARRAYS not in msg.content.array_records or METRICS not in msg.content.metric_records:
+            return "reply lacks its arrays or metrics"
+        metrics = msg.content[METRICS]
+        problem = reply_metrics_problem(
+            metrics, partition_id, (NUM_PROCESSED, *set(self.group_weights.values()))
+        )
+        if problem:
+            return problem
+        return arrays_problem(from_record(msg.content[ARRAYS]),
+                              self.expected_reply_arrays(server_round))  # fmt: skip
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid = _valid_replies(replies, "train")
+        """Aggregate replies the ServerApp has already checked (``train_reply_problem``);
+        with fewer than ``min-train-replies`` of them the global model is kept."""
+        valid = list(replies)
         if len(valid) < self.config.min_train_replies:
             log(
                 WARNING,
@@ -249,14 +270,28 @@ class PersonalizedStrategy(Strategy):
             return []
         config[SERVER_ROUND] = server_round
         config[STATE_KEY] = self.state_key
-        sent = to_record(self.arrays_to_send(from_record(arrays)))
+        sent = to_record(self.arrays_to_send(from_record(arrays), None))
         record = RecordDict({ARRAYS: sent, CONFIG: config})
-        return self._messages(sorted(self.partition_nodes), record, MessageType.EVALUATE)
+        return self._messages(self.partitions.available(), record, MessageType.EVALUATE)
+
+    def eval_reply_problem(self, msg: Message, partition_id: int) -> str:
+        """Why an evaluation reply cannot be counted ("" if it can)."""
+        if METRICS not in msg.content.metric_records:
+            return "reply lacks its metrics"
+        metrics = msg.content[METRICS]
+        problem = reply_metrics_problem(metrics, partition_id, (NUM_TEST, PERSONAL_CORRECT))
+        if problem:
+            return problem
+        correct, total = metrics[PERSONAL_CORRECT], metrics[NUM_TEST]
+        if correct > total or total < 1:
+            return f"{PERSONAL_CORRECT}={correct} of {NUM_TEST}={total}"
+        return ""
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        valid = _valid_replies(replies, "evaluate")
+        """Sum the checked replies' counts (None when there are none)."""
+        valid = list(replies)
         if not valid:
             return None
         results = sorted(
@@ -272,6 +307,40 @@ class PersonalizedStrategy(Strategy):
             self.config.fraction_train,
             self.config.seed,
         )
+
+
+def reply_metrics_problem(
+    metrics: Mapping[str, Any], partition_id: int, counts: Iterable[str]
+) -> str:
+    """The reply must come from the partition the message was sent to, and its counts
+    must be finite numbers >= 0."""
+    if metrics.get(PARTITION_ID) != partition_id:
+        return f"{PARTITION_ID}={metrics.get(PARTITION_ID)!r}, sent to partition {partition_id}"
+    for key in counts:
+        value = metrics.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"metric {key}={value!r} is missing or not a number"
+        if not math.isfinite(value) or value < 0:
+            return f"metric {key}={value!r} is not a finite number >= 0"
+    return ""
+
+
+def arrays_problem(arrays: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> str:
+    """Exactly the expected names, each with the expected shape and dtype, all finite."""
+    if set(arrays) != set(expected):
+        missing = sorted(set(expected) - set(arrays))[:3]
+        unexpected = sorted(set(arrays) - set(expected))[:3]
+        return f"arrays differ from those expected: missing {missing}, unexpected {unexpected}"
+    for key, value in arrays.items():
+        want = expected[key]
+        if value.shape != want.shape or value.dtype != want.dtype:
+            return (
+                f"array {key!r} is {value.dtype}{list(value.shape)}, "
+                f"expected {want.dtype}{list(want.shape)}"
+            )
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return f"array {key!r} holds NaN or infinite values"
+    return ""
 
 
 def personal_metrics(results: list[dict[str, float]]) -> dict[str, float | list[float]]:
@@ -293,14 +362,3 @@ def cost_totals(results: list[Mapping[str, float]]) -> dict[str, float]:
         key: float(sum(float(r.get(key, 0.0)) for r in results))
         for key in (COMPUTE_SECONDS, HANDLER_SECONDS)
     }
-
-
-def _valid_replies(replies: Iterable[Message], phase: str) -> list[Message]:
-    replies = list(replies)
-    valid = [msg for msg in replies if not msg.has_error()]
-    for msg in replies:
-        if msg.has_error():
-            log(
-                WARNING, "%s: node %d failed: %s", phase, msg.metadata.src_node_id, msg.error.reason
-            )
-    return valid

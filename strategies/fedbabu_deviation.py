@@ -17,10 +17,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from clients.base import NUM_EXAMPLES
-from clients.fedbabu_deviation import FINETUNE_PHASE
-from fedreg_app.config import ConfigError, RunConfig
+from clients.fedbabu_deviation import FINETUNE_PHASE, DeviationOptions
+from fedreg_app.config import RunConfig
 from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.protocol import NUM_EXAMPLES
 from strategies.fedbabu import FedBABUStrategy
 
 
@@ -45,19 +45,10 @@ def deviation_round(sigmas: list[float], epsilon: float) -> int | None:
 class FedBABUDeviationStrategy(FedBABUStrategy):
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.window = int(config.option("deviation-window", 5))
-        self.epsilon = float(config.option("deviation-epsilon", 0.001))
-        self.finetune_rounds = int(config.option("deviation-finetune-rounds", 5))
-        if config.eval_every != 1:
-            raise ConfigError(
-                f"eval-every={config.eval_every} is not allowed with algo='fedbabu-deviation':"
-                " expected 1 (the fine-tune round is found from every round's accuracies)"
-            )
-        if not 1 <= self.finetune_rounds < config.num_server_rounds or self.window < 1:
-            raise ConfigError(
-                f"deviation-finetune-rounds={self.finetune_rounds} / deviation-window="
-                f"{self.window} are not allowed: expected 1 <= F < num-server-rounds, w >= 1"
-            )
+        options = config.options_as(DeviationOptions)
+        options.check(config)
+        self.window, self.epsilon = options.window, options.epsilon
+        self.finetune_rounds = options.finetune_rounds
         self.history: list[list[float]] = []  # per round: every client's accuracy
         self.sigma_rounds: list[tuple[int, float]] = []  # (round, sigma_w)
         self.fine_tune_round: int | None = None  # R
@@ -82,10 +73,10 @@ class FedBABUDeviationStrategy(FedBABUStrategy):
         config[FINETUNE_PHASE] = self.finetuning(server_round)
         return super().configure_train(server_round, arrays, config, grid)
 
-    def sample_partitions(self) -> list[int]:
-        if self.training_round is not None and self.finetuning(self.training_round):
-            return sorted(self.partition_nodes)  # fine-tuning involves every client
-        return super().sample_partitions()
+    def sample_partitions(self, server_round: int) -> list[int]:
+        if self.finetuning(server_round):
+            return self.partitions.available()  # fine-tuning involves every client
+        return super().sample_partitions(server_round)
 
     def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:
         metrics = super().aggregate_evaluate(server_round, replies)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from clients.feddyn import FedDynOptions
 from fedreg_app.config import RunConfig
 from strategies.base import PersonalizedStrategy, Update
 
@@ -19,7 +20,7 @@ from strategies.base import PersonalizedStrategy, Update
 class FedDynStrategy(PersonalizedStrategy):
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.alpha = float(config.option("dyn-alpha", 0.01))
+        self.alpha = config.options_as(FedDynOptions).alpha
         self.h: dict[str, np.ndarray] = {}
 
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -7,16 +7,16 @@ Ablation (a), ``fedreg-head-weight = "original"``, weights head_g by |D_k| too.
 
 from __future__ import annotations
 
-from clients.base import NUM_EXAMPLES
-from clients.fedreg import EFFECTIVE_EXAMPLES, FedReGOptions
+from clients.fedreg import FedReGOptions
 from fedreg_app.config import RunConfig
 from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
 from strategies.base import PersonalizedStrategy
 
 
 class FedReGStrategy(PersonalizedStrategy):
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        options = FedReGOptions.from_config(config)  # fails before any work on a bad value
+        options = config.options_as(FedReGOptions)
         head_weight = EFFECTIVE_EXAMPLES if options.head_weight == "effective" else NUM_EXAMPLES
         self.group_weights = {BASE: NUM_EXAMPLES, HEAD_G: head_weight}

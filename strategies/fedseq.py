@@ -25,17 +25,28 @@ class FedSeqStrategy(PersonalizedStrategy):
         self._model = model
         unfreeze_rounds(self.config, len(base_layers(model)))  # a bad schedule fails now
 
-    def sample_partitions(self) -> list[int]:
+    def sample_partitions(self, server_round: int) -> list[int]:
         """Fine-tuning rounds train every client (``004_…``)."""
-        if self.training_round and is_finetuning(self.config, self.training_round):
-            return sorted(self.partition_nodes)
-        return super().sample_partitions()
+        if is_finetuning(self.config, server_round):
+            return self.partitions.available()
+        return super().sample_partitions(server_round)
 
-    def arrays_to_send(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        round_ = self.training_round
-        if round_ is None or self._model is None or is_finetuning(self.config, round_):
+    def arrays_to_send(
+        self, arrays: dict[str, np.ndarray], server_round: int | None
+    ) -> dict[str, np.ndarray]:
+        return self.layer_phase_arrays(arrays, server_round)
+
+    def expected_reply_arrays(self, server_round: int) -> dict[str, np.ndarray]:
+        """Clients return the layers they trained: the unfrozen ones, or base + head."""
+        return self.layer_phase_arrays(super().expected_reply_arrays(server_round), server_round)
+
+    def layer_phase_arrays(
+        self, arrays: dict[str, np.ndarray], server_round: int | None
+    ) -> dict[str, np.ndarray]:
+        """In a layer-by-layer round only the unfrozen base layers; else everything."""
+        if server_round is None or self._model is None or is_finetuning(self.config, server_round):
             return arrays
-        return of_layers(arrays, unfrozen_at(self._model, self.config, self.anti, round_))
+        return of_layers(arrays, unfrozen_at(self._model, self.config, self.anti, server_round))
 
 
 class FedSeqAntiStrategy(FedSeqStrategy):

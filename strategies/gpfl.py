@@ -13,20 +13,15 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 
-from clients.base import NUM_EXAMPLES
-from clients.gpfl import attach_gpfl_modules, coefficients, condition_input, conditioned_head
-from fedreg_app.config import RunConfig
+from clients.gpfl import attach_gpfl_modules, condition_input, conditioned_head
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel
+from fedreg_app.protocol import NUM_EXAMPLES
 from strategies.fedper import FedPerStrategy
 
 
 class GPFLStrategy(FedPerStrategy):
     group_weights = {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES, EXTRA: NUM_EXAMPLES}
     sent_groups = (BASE, EXTRA)
-
-    def __init__(self, config: RunConfig) -> None:
-        super().__init__(config)
-        coefficients(config)  # a bad gpfl-lambda / gpfl-mu fails the run before round 1
 
     def prepare_model(self, model: SplitModel) -> None:
         attach_gpfl_modules(model, self.config.seed)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clients.base import NUM_EXAMPLES
 from clients.fedreg import EFFECTIVE_EXAMPLES
 from fedreg_app.config import RunConfig
+from fedreg_app.partition_map import PartitionMap
+from fedreg_app.protocol import NUM_EXAMPLES
 from strategies.base import aggregation_weights, sample_size, weighted_average_by_group
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedreg import FedReGStrategy
@@ -67,8 +68,8 @@ def test_zero_total_weight_is_an_error() -> None:
 def test_sampling_is_seeded_and_the_same_for_every_algorithm() -> None:
     def draws(strategy_type, seed: int) -> list[list[int]]:
         strategy = strategy_type(RunConfig(seed=seed))
-        strategy.set_partitions({p: 1000 + p for p in range(20)}, 20)
-        return [strategy.sample_partitions() for _ in range(5)]
+        strategy.set_partitions(PartitionMap(20, {p: 1000 + p for p in range(20)}))
+        return [strategy.sample_partitions(0) for _ in range(5)]
 
     assert draws(FedReGStrategy, 0) == draws(FedAvgStrategy, 0)
     assert draws(FedReGStrategy, 0) != draws(FedReGStrategy, 1)
@@ -87,7 +88,7 @@ def test_payload_bytes_counts_every_message_and_cost_totals_sum() -> None:
 
     from flwr.app import RecordDict
 
-    from clients.base import COMPUTE_SECONDS, HANDLER_SECONDS
+    from fedreg_app.protocol import COMPUTE_SECONDS, HANDLER_SECONDS
     from fedreg_app.records import to_record
     from fedreg_app.server_app import payload_bytes
     from strategies.base import cost_totals

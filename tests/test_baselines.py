@@ -6,19 +6,21 @@ import numpy as np
 import pytest
 import torch
 
-from clients.base import NUM_EXAMPLES, NUM_PROCESSED
 from clients.ditto import PERSONAL_MODEL, DittoClient
 from clients.fedavg import FedAvgClient
 from clients.fedbabu import FedBABUClient
-from clients.feddyn import CORRECTION, FedDynClient
+from clients.feddyn import CORRECTION, FedDynClient, FedDynOptions
 from clients.fedper import FedPerClient
 from clients.fedprox import FedProxClient
-from clients.fedreg import EFFECTIVE_EXAMPLES, FedReGClient
+from clients.fedreg import FedReGClient
 from clients.fedrep import FedRepClient
 from clients.fedrod import FedRoDClient, balanced_softmax_loss, log_class_prior
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.models import BASE, HEAD_G, HEAD_P
+from fedreg_app.partition_map import PartitionMap
+from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES, NUM_PROCESSED
 from fedreg_app.records import from_record
+from fedreg_app.registry import load_config
 from strategies.feddyn import FedDynStrategy
 from strategies.fedper import FedPerStrategy
 from strategies.fedreg import FedReGStrategy
@@ -73,7 +75,7 @@ def test_fedbabu_head_never_moves_in_training_and_finetuning_is_not_kept() -> No
 def test_fedbabu_server_sends_only_the_base_and_clients_hold_the_same_initial_head() -> None:
     from strategies.fedbabu import FedBABUStrategy
 
-    sent = FedBABUStrategy(RunConfig()).arrays_to_send(global_arrays())
+    sent = FedBABUStrategy(RunConfig()).arrays_to_send(global_arrays(), None)
     assert set(sent) == set(group(global_arrays(), BASE))  # the fixed head never travels
     base_only = FedBABUClient(make_setup(algo="fedbabu", **{"finetune-epochs": 1}))
     with_head = FedBABUClient(make_setup(algo="fedbabu", **{"finetune-epochs": 1}))
@@ -127,8 +129,8 @@ def test_fedprox_stays_closer_to_the_global_model_than_fedavg() -> None:
 
 
 def test_feddyn_server_update_matches_hand_computed_values() -> None:
-    strategy = FedDynStrategy(RunConfig(algo="feddyn", extra={"dyn-alpha": 0.5}))
-    strategy.set_partitions({p: p for p in range(4)}, 4)
+    strategy = FedDynStrategy(RunConfig(algo="feddyn", options=FedDynOptions(alpha=0.5)))
+    strategy.set_partitions(PartitionMap(4, {p: p for p in range(4)}))
     strategy._current = {"base.w": np.array([1.0, 2.0], dtype=np.float32)}
     updates = [
         ({"base.w": np.array([2.0, 2.0], dtype=np.float32)}, {NUM_EXAMPLES: 1}),
@@ -180,7 +182,7 @@ def test_ditto_evaluates_the_personal_model() -> None:
 
 def test_fedper_sends_only_the_base_and_keeps_its_own_head() -> None:
     strategy = FedPerStrategy(RunConfig(algo="fedper"))
-    assert set(strategy.arrays_to_send(global_arrays())) == set(group(global_arrays(), BASE))
+    assert set(strategy.arrays_to_send(global_arrays(), None)) == set(group(global_arrays(), BASE))
     setup = make_setup(algo="fedper")
     first = FedPerClient(setup).train(global_arrays(), 1)
     kept_head = group(first.arrays, HEAD_G)
@@ -211,11 +213,11 @@ def test_fedreg_ablation_switches(switch: dict, processed: int, has_private_head
 
 def test_fedreg_ablation_a_weights_the_head_by_train_size() -> None:
     default = FedReGStrategy(RunConfig())
-    variant = FedReGStrategy(RunConfig(extra={"fedreg-head-weight": "original"}))
+    variant = FedReGStrategy(load_config({"fedreg-head-weight": "original"}))
     assert default.group_weights[HEAD_G] == EFFECTIVE_EXAMPLES
     assert variant.group_weights[HEAD_G] == NUM_EXAMPLES
     with pytest.raises(ConfigError, match="fedreg-head-weight='size'"):
-        FedReGStrategy(RunConfig(extra={"fedreg-head-weight": "size"}))
+        load_config({"fedreg-head-weight": "size"})
 
 
 def test_info_constant_is_the_tests_dataset() -> None:

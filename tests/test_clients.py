@@ -6,12 +6,13 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from clients.base import NUM_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT, ClientSetup
+from clients.base import ClientSetup
 from clients.fedavg import FedAvgClient
-from clients.fedreg import EFFECTIVE_EXAMPLES, FedReGClient
-from fedreg_app.config import RunConfig
+from clients.fedreg import FedReGClient
 from fedreg_app.data import ClientData, DatasetInfo, TensorData
 from fedreg_app.models import BASE, HEAD_G, HEAD_P, build_model
+from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.registry import load_config
 
 INFO = DatasetInfo(num_classes=4, channels=1, height=28, width=28)
 
@@ -24,7 +25,7 @@ def tensors(counts: list[int], seed: int) -> TensorData:
 
 
 def make_setup(state: RecordDict | None = None, counts=(40, 3, 0, 9), **config) -> ClientSetup:
-    run_config = RunConfig.from_run_config({"local-epochs": 1, "batch-size": 8, **config})
+    run_config = load_config({"local-epochs": 1, "batch-size": 8, **config})
     data = ClientData(7, tensors(list(counts), 1), tensors([5, 5, 0, 5], 2))
     return ClientSetup(run_config, INFO, data, RecordDict() if state is None else state)
 
@@ -150,8 +151,8 @@ def numel(arrays: dict[str, np.ndarray]) -> int:
 
 
 def test_trained_parameter_count_is_what_each_algorithm_updates() -> None:
-    from clients.base import NUM_TRAINED_PARAMS
     from clients.fedbabu import FedBABUClient
+    from fedreg_app.protocol import NUM_TRAINED_PARAMS
 
     model = build_model(INFO, 2, 0, private_head=True)
     sizes = {g: numel(model.group_state(g)) for g in (BASE, HEAD_G, HEAD_P)}

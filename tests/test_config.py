@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
+from pathlib import Path
+
 import pytest
 
-from fedreg_app.config import ConfigError, RunConfig
+from clients.fedprox import FedProxOptions
+from fedreg_app.config import ConfigError
+from fedreg_app.registry import declared_keys, load_config
 
 
 @pytest.mark.parametrize(
@@ -28,7 +34,7 @@ from fedreg_app.config import ConfigError, RunConfig
 )
 def test_bad_value_names_key_and_allowed_values(key: str, value: object, allowed: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        RunConfig.from_run_config({key: value})
+        load_config({key: value})
     message = str(caught.value)
     assert message.startswith(f"{key}=")
     assert allowed in message
@@ -37,18 +43,18 @@ def test_bad_value_names_key_and_allowed_values(key: str, value: object, allowed
 def test_dataset_path_without_parquet_files_is_rejected(tmp_path) -> None:
     (tmp_path / "test.parquet").write_bytes(b"")
     with pytest.raises(ConfigError, match=r"dataset-path=.*train\.parquet not found"):
-        RunConfig.from_run_config({"dataset-path": str(tmp_path)})
+        load_config({"dataset-path": str(tmp_path)})
     (tmp_path / "train.parquet").write_bytes(b"")  # a train split alone is a dataset
-    RunConfig.from_run_config({"dataset-path": str(tmp_path)})
+    load_config({"dataset-path": str(tmp_path)})
 
 
 def test_wrong_type_is_rejected() -> None:
     with pytest.raises(ConfigError, match="num-server-rounds"):
-        RunConfig.from_run_config({"num-server-rounds": "ten"})
+        load_config({"num-server-rounds": "ten"})
 
 
 def test_defaults_are_the_papers_setup() -> None:
-    config = RunConfig.from_run_config({})
+    config = load_config({})
     assert (config.lr, config.momentum, config.batch_size, config.local_epochs) == (
         0.01,
         0.9,
@@ -64,18 +70,71 @@ def test_defaults_are_the_papers_setup() -> None:
 
 
 def test_integer_threshold_and_int_alpha_are_accepted() -> None:
-    config = RunConfig.from_run_config({"threshold": 50, "alpha": 1})
+    config = load_config({"threshold": 50, "alpha": 1})
     assert config.threshold == "50" and config.alpha == 1.0
 
 
-def test_algorithm_options_and_round_trip() -> None:
-    config = RunConfig.from_run_config({"prox-mu": 0.01, "num-server-rounds": 3})
-    assert config.option("prox-mu", 0.001) == 0.01
-    assert config.option("dyn-alpha", 0.01) == 0.01
+def test_algorithm_options_are_typed_and_round_trip() -> None:
+    config = load_config({"algo": "fedprox", "prox-mu": 0.01, "num-server-rounds": 3})
+    assert config.options == FedProxOptions(mu=0.01)
+    assert config.to_run_config()["prox-mu"] == 0.01
     assert config.to_run_config()["num-server-rounds"] == 3
+    assert load_config(config.to_run_config()) == config
     assert [config.is_eval_round(r) for r in (1, 2, 3)] == [True, True, True]
 
 
 def test_eval_every_includes_last_round() -> None:
-    config = RunConfig.from_run_config({"eval-every": 4, "num-server-rounds": 10})
+    config = load_config({"eval-every": 4, "num-server-rounds": 10})
     assert [r for r in range(1, 11) if config.is_eval_round(r)] == [4, 8, 10]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        # keys only client procedures read: before, every client failed and the run was
+        # written "completed"
+        ("prox-mu", "x", "prox-mu='x' is not allowed: expected a number"),
+        ("ditto-lambda", -5, "ditto-lambda=-5.0 is not allowed: expected a number >= 0"),
+        ("personal-epochs", 0, "personal-epochs=0 is not allowed: expected an integer >= 1"),
+        ("dyn-alpha", 0.0, "dyn-alpha=0.0 is not allowed: expected a number > 0"),
+        ("fedreg-private-head", "yes", "fedreg-private-head='yes' is not allowed"),
+        ("fedseq-unfreeze-rounds", "1;4", "fedseq-unfreeze-rounds='1;4' is not allowed"),
+        (
+            "participation-gamma",
+            float("nan"),
+            "participation-gamma=nan is not allowed: expected a finite",
+        ),
+        ("lr", float("inf"), "lr=inf is not allowed: expected a finite number"),
+        ("seed", -1, "seed=-1 is not allowed: expected an integer >= 0"),
+        ("seed", 1.5, "seed=1.5 is not allowed: expected an integer"),
+    ],
+)
+def test_every_key_is_checked_before_any_work_whatever_the_algorithm(
+    key: str, value: object, message: str
+) -> None:
+    """Each algorithm's keys are checked even when another algorithm runs: a value that
+    cannot work is an error, not a silent default."""
+    for algo in ("fedavg", "fedreg"):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config({"algo": algo, key: value})
+
+
+def test_an_unknown_key_gets_the_closest_declared_keys() -> None:
+    with pytest.raises(ConfigError, match="'pxor-mu' is not a key.*did you mean 'prox-mu'"):
+        load_config({"pxor-mu": 0.1})
+    with pytest.raises(ConfigError, match="'banana' is not a key of the run config \\("):
+        load_config({"banana": 1})
+
+
+def test_options_that_depend_on_other_keys_are_checked_at_load() -> None:
+    with pytest.raises(ConfigError, match="fedseq-finetune-rounds=3 is not allowed"):
+        load_config({"algo": "fedseq-anti", "num-server-rounds": 3, "fedseq-finetune-rounds": 3})
+    with pytest.raises(ConfigError, match="eval-every=2 is not allowed with"):
+        load_config({"algo": "fedbabu-deviation", "eval-every": 2})
+
+
+def test_pyproject_declares_exactly_the_keys_and_defaults_of_the_code() -> None:
+    """Each default lives in one place in the code (the options dataclass or RunConfig);
+    pyproject.toml, which flwr reads, must say the same."""
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert declared_keys() == declared["tool"]["flwr"]["app"]["config"]

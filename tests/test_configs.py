@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from clients.fedreg import FedReGOptions
 from fedreg_app.config import RunConfig
 from fedreg_app.experiments import Experiment, plan
+from fedreg_app.registry import load_config
 
 PROJECT = Path(__file__).resolve().parents[1]
 DECLARED = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
@@ -25,5 +27,6 @@ def test_config_file_is_a_valid_experiment(path: Path, tmp_path: Path) -> None:
 
 
 def test_declared_defaults_are_valid_and_match_the_dataclass() -> None:
-    config = RunConfig.from_run_config(DECLARED)
-    assert config == RunConfig()  # pyproject.toml and RunConfig's defaults agree
+    config = load_config(DECLARED)
+    # pyproject.toml and the dataclasses' defaults agree (FedReG is the default algo)
+    assert config == RunConfig(options=FedReGOptions())

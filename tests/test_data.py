@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.config import ConfigError
 from fedreg_app.data import (
     PartitionKey,
     client_splits,
@@ -16,12 +16,13 @@ from fedreg_app.data import (
     load_info,
     load_union_test_set,
 )
+from fedreg_app.registry import load_config
 from tests.fake_data import write_image_dataset
 
 
 def key_for(path: Path, num_partitions: int = 4, **overrides) -> PartitionKey:
     run_config = {"dataset-path": str(path), "min-partition-size": 5, **overrides}
-    return PartitionKey.from_config(RunConfig.from_run_config(run_config), num_partitions)
+    return PartitionKey.from_config(load_config(run_config), num_partitions)
 
 
 def test_info_from_features_grey_and_colour(grey_dataset: Path, colour_dataset: Path) -> None:
@@ -100,7 +101,7 @@ def test_data_fraction_keeps_a_seeded_subset_of_the_pool(grey_dataset: Path) -> 
     client_splits.cache_clear()
     assert torch.equal(load_client_data(quarter, 0).train.y, again.train.y)
     with pytest.raises(ConfigError, match="data-fraction=1.5"):
-        RunConfig.from_run_config({"data-fraction": 1.5})
+        load_config({"data-fraction": 1.5})
 
 
 def test_shard_partition_holds_c_classes_per_client(grey_dataset: Path) -> None:
@@ -110,7 +111,7 @@ def test_shard_partition_holds_c_classes_per_client(grey_dataset: Path) -> None:
         classes = set(labels["train"]["label"]) | set(labels["test"]["label"])
         assert len(classes) == 2
     with pytest.raises(ConfigError, match="partition='iid' is not allowed"):
-        RunConfig.from_run_config({"partition": "iid"})
+        load_config({"partition": "iid"})
 
 
 def test_dirichlet_topup_keeps_the_skew_and_gives_everyone_the_minimum() -> None:

@@ -17,6 +17,7 @@ from fedreg_app.config import RunConfig
 from fedreg_app.data import DatasetInfo
 from fedreg_app.launcher import LocalSuperLink
 from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.partition_map import PartitionMap
 from fedreg_app.records import to_record
 from fedreg_app.registry import algorithm_names
 from strategies.fedavg import FedAvgStrategy
@@ -43,8 +44,8 @@ def results_of(folder: Path) -> dict:
 def expected_sampled_clients(seed: int, rounds: int) -> list[list[int]]:
     """What the seeded sampler draws for 4 clients at fraction 0.5, whatever the algo."""
     strategy = FedAvgStrategy(RunConfig(seed=seed, fraction_train=0.5))
-    strategy.set_partitions({p: p for p in range(4)}, 4)
-    return [strategy.sample_partitions() for _ in range(rounds)]
+    strategy.set_partitions(PartitionMap(4, {p: p for p in range(4)}))
+    return [strategy.sample_partitions(0) for _ in range(rounds)]
 
 
 #: Where an algorithm's end-to-end run does not use the default (Fashion-MNIST/MNIST's

@@ -10,7 +10,7 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from clients.base import NUM_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT, TrainResult
+from clients.base import TrainResult
 from clients.gpfl import (
     ConditionalValve,
     GPFLClient,
@@ -25,12 +25,20 @@ from clients.gpfl import (
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import normalise
 from fedreg_app.models import BASE, EXTRA, HEAD_G, build_model
+from fedreg_app.protocol import NUM_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.registry import load_config
 from fedreg_app.training import count_correct
 from strategies.base import weighted_average_by_group
 from strategies.gpfl import GPFLStrategy
-from tests.test_clients import INFO, group, make_setup, same
+from tests.test_clients import INFO, group, same
+from tests.test_clients import make_setup as make_any_setup
 
 GPFL_GROUPS = (BASE, HEAD_G, EXTRA)
+
+
+def make_setup(state=None, counts=(40, 3, 0, 9), **config):
+    """A GPFL client's setup (``algo='gpfl'``: its options are GPFL's)."""
+    return make_any_setup(state, counts, **{"algo": "gpfl", **config})
 
 
 def server_arrays(seed: int = 0) -> dict[str, np.ndarray]:
@@ -69,12 +77,12 @@ def round_one() -> RoundOne:
     """One client's first round, trained once for the whole module (the CPU is shared)."""
     state = RecordDict()
     client = RecordingGPFL(make_setup(state, counts=COUNTS))
-    sent = GPFLStrategy(RunConfig()).arrays_to_send(server_arrays())
+    sent = GPFLStrategy(RunConfig()).arrays_to_send(server_arrays(), None)
     return RoundOne(state, client, client.train(sent, server_round=1))
 
 
 def test_server_sends_base_gce_and_valve_but_never_the_heads() -> None:
-    sent = GPFLStrategy(RunConfig()).arrays_to_send(server_arrays())
+    sent = GPFLStrategy(RunConfig()).arrays_to_send(server_arrays(), None)
     assert {k.split(".")[0] for k in sent} == {BASE, EXTRA}
     assert "extra.gce.weight" in sent and "extra.condition.personal" in sent
 
@@ -103,7 +111,7 @@ def test_second_round_starts_from_the_saved_head_and_the_servers_gce(round_one) 
     state = RecordDict({HEAD_G: round_one.state[HEAD_G]})  # a copy: the fixture stays as is
 
     later = RecordingGPFL(make_setup(state, counts=COUNTS))
-    later.train(strategy.arrays_to_send(server), server_round=2)
+    later.train(strategy.arrays_to_send(server, None), server_round=2)
     assert same(group(later.before, HEAD_G), saved)  # its own head, not the server's
     assert same(group(later.before, BASE), group(server, BASE))
     received = torch.as_tensor(server["extra.gce.weight"])
@@ -183,7 +191,7 @@ def test_coefficients_come_from_the_run_config() -> None:
     custom = GPFLClient(make_setup(**{"gpfl-lambda": 0.5, "gpfl-mu": 0}))
     assert (custom.lam, custom.mu) == (0.5, 0.0)
     with pytest.raises(ConfigError, match="gpfl-mu"):
-        GPFLStrategy(RunConfig.from_run_config({"gpfl-mu": -0.1}))
+        GPFLStrategy(load_config({"gpfl-mu": -0.1}))
     x, y = normalise(custom.data.train.x[:8]), custom.data.train.y[:8]
     terms = custom.loss_terms(x, y)
     assert terms["regulariser"].item() == 0.0

@@ -7,6 +7,7 @@ import torch
 
 from fedreg_app.data import DatasetInfo
 from fedreg_app.models import BASE, HEAD_G, HEAD_P, build_model, group_of
+from fedreg_app.registry import load_config
 
 
 @pytest.mark.parametrize(("channels", "size"), [(1, 28), (3, 32), (1, 32), (3, 28)])
@@ -60,7 +61,7 @@ def test_load_group_state_rejects_missing_keys() -> None:
 
 
 def test_mlp_is_input_100_classes_split_after_the_hidden_layer() -> None:
-    from fedreg_app.config import ConfigError, RunConfig
+    from fedreg_app.config import ConfigError
 
     info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
     model = build_model(info, 1, 0, private_head=True, model="mlp")
@@ -74,9 +75,9 @@ def test_mlp_is_input_100_classes_split_after_the_hidden_layer() -> None:
     with pytest.raises(ValueError, match="head-depth=2 is not allowed: expected 1..1"):
         build_model(info, 2, 0, model="mlp")
     with pytest.raises(ConfigError, match="head-depth=2"):
-        RunConfig.from_run_config({"model": "mlp", "head-depth": 2})
+        load_config({"model": "mlp", "head-depth": 2})
     with pytest.raises(ConfigError, match="model='resnet' is not allowed"):
-        RunConfig.from_run_config({"model": "resnet"})
+        load_config({"model": "resnet"})
 
 
 def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
@@ -84,7 +85,7 @@ def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
 
     import numpy as np
 
-    from fedreg_app.config import ConfigError, RunConfig
+    from fedreg_app.config import ConfigError
     from fedreg_app.models import initial_model, load_pretrained
     from fedreg_app.persist import save_arrays
 
@@ -93,7 +94,7 @@ def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
     save_arrays(tmp_path / "w.npz", trained.group_state(BASE, HEAD_G))
     torch.save(trained.state_dict(), tmp_path / "w.pt")
     for name in ("w.npz", "w.pt"):
-        config = RunConfig.from_run_config({"init-model": str(tmp_path / name)})
+        config = load_config({"init-model": str(tmp_path / name)})
         model = initial_model(info, config, private_head=True)  # seed 0 otherwise
         state, expected = model.state_dict(), trained.state_dict()
         assert all(torch.equal(state[k], expected[k]) for k in expected)
@@ -114,7 +115,7 @@ def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
     with pytest.raises(ValueError, match="allow_pickle"):
         load_pretrained(build_model(info, 2, 0), str(tmp_path / "evil.npz"))
     with pytest.raises(ConfigError, match="init-model='missing.npz' is not allowed"):
-        RunConfig.from_run_config({"init-model": "missing.npz"})
+        load_config({"init-model": "missing.npz"})
 
 
 @pytest.mark.parametrize(("channels", "size", "flat"), [(1, 28, 3136), (3, 32, 4096)])
@@ -130,7 +131,7 @@ def test_cnn_of_the_related_papers(channels: int, size: int, flat: int) -> None:
 
 
 def test_charlstm_embedding_8_two_lstm_layers_of_256_and_a_linear_head() -> None:
-    from fedreg_app.config import ConfigError, RunConfig
+    from fedreg_app.config import ConfigError
 
     text = DatasetInfo(num_classes=80, channels=1, height=1, width=80, modality="text")
     model = build_model(text, head_depth=1, seed=0, private_head=True, model="charlstm")
@@ -143,7 +144,7 @@ def test_charlstm_embedding_8_two_lstm_layers_of_256_and_a_linear_head() -> None
     x = torch.randint(0, 80, (3, 80), dtype=torch.int16)
     assert model(x).shape == (3, 80) and model.head_p(model.base(x)).shape == (3, 80)
     with pytest.raises(ConfigError, match="head-depth=2 is not allowed.*charlstm"):
-        RunConfig.from_run_config({"model": "charlstm", "head-depth": 2})
+        load_config({"model": "charlstm", "head-depth": 2})
     image = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
     with pytest.raises(ConfigError, match="model='charlstm' is not allowed.*convnet"):
         build_model(image, head_depth=1, seed=0, model="charlstm")

@@ -17,8 +17,10 @@ from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
 from fedreg_app.metrics import ResultsWriter, RoundRecord
+from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import DiskState, load_arrays, record_ids, save_arrays
 from fedreg_app.records import from_record, to_record
+from fedreg_app.registry import load_config
 from strategies.fedavg import FedAvgStrategy
 from strategies.feddyn import FedDynStrategy
 from tests.test_clients import tensors
@@ -57,7 +59,7 @@ def test_disk_state_restores_missing_records_and_writes_only_changed_ones(tmp_pa
 def test_node_data_is_decoded_once_then_read_from_disk(
     grey_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = RunConfig.from_run_config({"dataset-path": str(grey_dataset), "min-partition-size": 5})
+    config = load_config({"dataset-path": str(grey_dataset), "min-partition-size": 5})
     key = PartitionKey.from_config(config, 3)
     cache = data_cache_folder(tmp_path, key)
     info, first = node_data(key, 1, cache)
@@ -70,7 +72,7 @@ def test_node_data_is_decoded_once_then_read_from_disk(
     info_again, again = node_data(key, 1, cache)
     assert info_again == info
     assert torch.equal(again.train.x, first.train.x) and torch.equal(again.test.y, first.test.y)
-    other = PartitionKey.from_config(RunConfig.from_run_config({**config.extra, "seed": 1}), 3)
+    other = PartitionKey.from_config(load_config({**config.given, "seed": 1}), 3)
     assert data_cache_folder(tmp_path, other) != cache  # another partitioning, another folder
 
 
@@ -91,30 +93,30 @@ def test_rebalanced_set_is_reused_from_disk(tmp_path: Path) -> None:
 def test_sampling_continues_identically_after_a_checkpoint(tmp_path: Path) -> None:
     config = RunConfig(seed=3, fraction_train=0.3)
     uninterrupted = FedAvgStrategy(config)
-    uninterrupted.set_partitions({p: p for p in range(10)}, 10)
-    expected = [uninterrupted.sample_partitions() for _ in range(4)]
+    uninterrupted.set_partitions(PartitionMap(10, {p: p for p in range(10)}))
+    expected = [uninterrupted.sample_partitions(0) for _ in range(4)]
 
     first = FedAvgStrategy(config)
-    first.set_partitions({p: p for p in range(10)}, 10)
-    done = [first.sample_partitions() for _ in range(2)]
+    first.set_partitions(PartitionMap(10, {p: p for p in range(10)}))
+    done = [first.sample_partitions(0) for _ in range(2)]
     arrays, state = first.state_dict()
     state = json.loads(json.dumps(state))  # as stored in state.json
     resumed = FedAvgStrategy(config)
-    resumed.set_partitions({p: p for p in range(10)}, 10)
+    resumed.set_partitions(PartitionMap(10, {p: p for p in range(10)}))
     resumed.load_state_dict(arrays, state)
-    assert done + [resumed.sample_partitions() for _ in range(2)] == expected
+    assert done + [resumed.sample_partitions(0) for _ in range(2)] == expected
 
 
 def test_sampling_skips_partitions_whose_node_is_gone() -> None:
     strategy = FedAvgStrategy(RunConfig(seed=0, fraction_train=0.5))
-    strategy.set_partitions({p: 100 + p for p in range(6)}, 6)
-    strategy.forget_partition(2)
-    strategy.forget_partition(4)
+    partitions = PartitionMap(6, {p: 100 + p for p in range(6)})
+    strategy.set_partitions(partitions)
+    assert partitions.forget_gone([100, 101, 103, 105]) == [(2, 102), (4, 104)]
     for _ in range(20):
-        sampled = strategy.sample_partitions()
+        sampled = strategy.sample_partitions(0)
         assert len(sampled) == 3 and not {2, 4} & set(sampled)
-    strategy.partition_nodes[2] = 999  # the device came back with a new node id
-    assert any(2 in strategy.sample_partitions() for _ in range(20))
+    partitions.assign(2, 999)  # the device came back with a new node id
+    assert any(2 in strategy.sample_partitions(0) for _ in range(20))
 
 
 def test_feddyn_state_survives_a_checkpoint(tmp_path: Path) -> None:
@@ -163,10 +165,10 @@ def test_skewed_participation_favours_some_clients_and_is_seeded() -> None:
         strategy = FedAvgStrategy(
             RunConfig(seed=seed, fraction_train=0.2, participation_gamma=gamma)
         )
-        strategy.set_partitions({p: p for p in range(20)}, 20)
+        strategy.set_partitions(PartitionMap(20, {p: p for p in range(20)}))
         picks = np.zeros(20)
         for _ in range(200):
-            picks[strategy.sample_partitions()] += 1
+            picks[strategy.sample_partitions(0)] += 1
         return picks
 
     uniform, skewed = counts(0.0, 1), counts(0.3, 1)

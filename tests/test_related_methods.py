@@ -11,7 +11,9 @@ from clients.fedseq import FINETUNED, FedSeqClient, unfreeze_rounds
 from clients.lg_fedavg import LGFedAvgClient
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.partition_map import PartitionMap
 from fedreg_app.records import from_record
+from fedreg_app.registry import load_config
 from strategies.fedbabu_deviation import (
     FedBABUDeviationStrategy,
     deviation_round,
@@ -25,7 +27,8 @@ from tests.test_clients import INFO, global_arrays, group, make_setup, same
 
 def test_lg_fedavg_shares_the_head_and_keeps_its_own_base() -> None:
     strategy = LGFedAvgStrategy(RunConfig(algo="lg-fedavg"))
-    assert set(strategy.arrays_to_send(global_arrays())) == set(group(global_arrays(), HEAD_G))
+    sent = strategy.arrays_to_send(global_arrays(), None)
+    assert set(sent) == set(group(global_arrays(), HEAD_G))
     setup = make_setup(algo="lg-fedavg")
     first = LGFedAvgClient(setup).train(global_arrays(), 1)
     kept_base = group(first.arrays, BASE)
@@ -79,17 +82,15 @@ ALL_BASE = {"base.0", "base.3", "base.7"}  # conv1, conv2, fc1 of the ConvNet, h
     ],
 )
 def test_fedseq_sends_only_unfrozen_base_layers(strategy_type, expected: dict) -> None:
-    strategy = strategy_type(RunConfig.from_run_config(fedseq_config()))
+    strategy = strategy_type(load_config(fedseq_config()))
     model = build_model(INFO, 2, 0)
     strategy.prepare_model(model)
     arrays = model.group_state(BASE, HEAD_G)
     for server_round, layers in expected.items():
-        strategy.training_round = server_round
-        assert layers_of(strategy.arrays_to_send(arrays)) == layers
-    strategy.training_round = 6  # fine-tuning: the whole model
-    assert strategy.arrays_to_send(arrays).keys() == arrays.keys()
-    strategy.training_round = None  # evaluation: the whole model
-    assert strategy.arrays_to_send(arrays).keys() == arrays.keys()
+        assert layers_of(strategy.arrays_to_send(arrays, server_round)) == layers
+    # fine-tuning (round 6) and evaluation (None): the whole model
+    assert strategy.arrays_to_send(arrays, 6).keys() == arrays.keys()
+    assert strategy.arrays_to_send(arrays, None).keys() == arrays.keys()
 
 
 def test_fedseq_client_trains_and_returns_only_unfrozen_layers() -> None:
@@ -123,14 +124,12 @@ def test_fedseq_fine_tunes_locally_and_evaluates_its_own_fine_tuned_model() -> N
 
 
 def test_fedseq_schedule_errors_name_the_key() -> None:
-    strategy = FedSeqStrategy(
-        RunConfig.from_run_config(fedseq_config(**{"fedseq-unfreeze-rounds": "1,5"}))
-    )
+    strategy = FedSeqStrategy(load_config(fedseq_config(**{"fedseq-unfreeze-rounds": "1,5"})))
     with pytest.raises(
         ConfigError, match="fedseq-unfreeze-rounds='1,5' is not allowed: expected 3"
     ):
         strategy.prepare_model(build_model(INFO, 2, 0))
-    even = RunConfig.from_run_config(fedseq_config(**{"fedseq-unfreeze-rounds": ""}))
+    even = load_config(fedseq_config(**{"fedseq-unfreeze-rounds": ""}))
     assert unfreeze_rounds(even, 3) == [1, 2, 4]  # 5 training rounds over 3 layers
 
 
@@ -147,23 +146,20 @@ def test_deviation_rule_triggers_where_sigma_falls_and_flattens() -> None:
 
 def test_deviation_strategy_fixes_r_then_fine_tunes_everyone_and_stops() -> None:
     keys = {"deviation-window": 1, "deviation-epsilon": 0.005, "deviation-finetune-rounds": 2}
-    config = RunConfig.from_run_config(
-        {"algo": "fedbabu-deviation", "num-server-rounds": 20, **keys}
-    )
+    config = load_config({"algo": "fedbabu-deviation", "num-server-rounds": 20, **keys})
     strategy = FedBABUDeviationStrategy(config)
-    strategy.set_partitions({p: p for p in range(10)}, 10)
+    strategy.set_partitions(PartitionMap(10, {p: p for p in range(10)}))
     spreads = [0.1, 0.2, 0.3, 0.22, 0.15, 0.081]  # sigma rises, falls, flattens at round 6
     for server_round, spread in enumerate(spreads, start=1):
         assert strategy.group_weights == {BASE: "num-examples"}  # base only before R
         strategy.record_accuracies(server_round, [0.5 - spread, 0.5 + spread])
     assert strategy.fine_tune_round == 6
     assert strategy.group_weights == {BASE: "num-examples", HEAD_G: "num-examples"}
-    strategy.training_round = 7
-    assert strategy.finetuning(7) and strategy.sample_partitions() == list(range(10))
+    assert strategy.finetuning(7) and strategy.sample_partitions(7) == list(range(10))
     assert not strategy.finished(7) and strategy.finished(8)
     assert strategy.report()["fine_tune_round"] == 6
     with pytest.raises(ConfigError, match="eval-every=2"):
-        FedBABUDeviationStrategy(RunConfig.from_run_config({"eval-every": 2}))
+        load_config({"algo": "fedbabu-deviation", "eval-every": 2})
 
 
 def test_deviation_client_fine_tunes_base_and_head_only_when_told() -> None:
@@ -179,8 +175,10 @@ def test_deviation_client_fine_tunes_base_and_head_only_when_told() -> None:
 
 def test_deviation_server_sends_the_head_only_from_the_fine_tune_phase_on() -> None:
     strategy = FedBABUDeviationStrategy(
-        RunConfig.from_run_config({"num-server-rounds": 6, "deviation-finetune-rounds": 2})
+        load_config(
+            {"algo": "fedbabu-deviation", "num-server-rounds": 6, "deviation-finetune-rounds": 2}
+        )  # fmt: skip
     )
-    assert {k.split(".")[0] for k in strategy.arrays_to_send(global_arrays())} == {BASE}
+    assert {k.split(".")[0] for k in strategy.arrays_to_send(global_arrays(), None)} == {BASE}
     strategy.fine_tune_round = 3
-    assert strategy.arrays_to_send(global_arrays()).keys() == global_arrays().keys()
+    assert strategy.arrays_to_send(global_arrays(), None).keys() == global_arrays().keys()

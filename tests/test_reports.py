@@ -1,7 +1,9 @@
-"""Reports: the paper-layout table, the rebalancing counts of Figure 4, and the plots."""
+"""Reports: the paper-layout table, the rebalancing counts of Figure 4, the plots, and
+what a report does with degraded and failed runs."""
 
 from __future__ import annotations
 
+import ast
 import json
 from pathlib import Path
 
@@ -9,8 +11,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedreg_app.experiments import declared_run_config
+import fedreg_app
+from fedreg_app.overrides import declared_run_config
 from fedreg_app.reports import (
+    ANSWERED_NOTE,
+    DEGRADED_NOTE,
     _mean_band,
     class_distribution_report,
     collect,
@@ -18,6 +23,7 @@ from fedreg_app.reports import (
     main,
     paper_table,
     rebalanced_counts,
+    scan,
     write_report,
 )
 
@@ -33,28 +39,36 @@ def fake_run(
     personals: tuple[float | None, ...] = (0.8, 0.85, 0.9),
     status: str = "completed",
     run: str = "run-1",
+    answered: tuple[float | None, ...] | None = None,
+    error: str | None = None,
 ) -> None:
+    """A results.json in the runner's layout; ``answered`` gives a degraded run's
+    per-round personal accuracy over the clients that answered."""
     folder = root / experiment / cell / f"seed{seed}" / run
     folder.mkdir(parents=True)
+    answered = answered or personals
     rounds = [
         {
             "round": k + 1,
             "global_accuracy": g,
             "personal_accuracy": p,
+            "personal_accuracy_answered": a,
             "train_seconds": 2.0,
             "eval_seconds": 1.0,
         }
-        for k, (g, p) in enumerate(zip(globals_, personals, strict=True))
+        for k, (g, p, a) in enumerate(zip(globals_, personals, answered, strict=True))
     ]
+    complete = [p for p in personals if p is not None]
     document = {
         "config": {"algo": cell.split("__")[0], "dataset": "zalando-datasets/fashion_mnist",
                    "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1, "batch-size": 10},
-        "run": {"status": status, "num_clients": clients},
+        "run": {"status": status, "num_clients": clients, **({"error": error} if error else {})},
         "rounds": rounds,
         "total_bytes_to_clients": 4_000_000, "total_bytes_from_clients": 1_000_000,
         "total_train_bytes_to_clients": 2_000_000, "total_train_bytes_from_clients": 1_000_000,
         "best_global_accuracy": max(g for g in globals_ if g is not None),
-        "best_personal_accuracy": max(p for p in personals if p is not None),
+        "best_personal_accuracy": max(complete) if complete else None,
+        "best_personal_accuracy_answered": max(a for a in answered if a is not None),
     }  # fmt: skip
     (folder / "results.json").write_text(json.dumps(document))
 
@@ -139,3 +153,100 @@ def test_class_distribution_from_a_partition(grey_dataset: Path, tmp_path: Path)
         assert image.format == "PNG" and image.height > 400
     with pytest.raises(SystemExit):
         main(["classes", "--clients", "4", "--set", "alpha=-1", "--out", "x.png"])
+
+
+# ------------------------------------------------------- degraded and failed runs
+def test_collect_keeps_degraded_runs_and_says_which_seeds_it_skipped(tmp_path: Path) -> None:
+    fake_run(tmp_path, "smoke", "fedreg", 0, status="failed", error="OOM\ntraceback")
+    fake_run(tmp_path, "smoke", "fedreg", 1, status="degraded", personals=(None, None, None),
+             answered=(0.7, 0.8, 0.9))  # fmt: skip
+    fake_run(tmp_path, "smoke", "fedreg", 2, status="running")
+    fake_run(tmp_path, "smoke", "fedreg", 3, status="failed", run="run-1")
+    fake_run(tmp_path, "smoke", "fedreg", 3, status="degraded", run="run-2")  # the rerun
+    collection = scan(tmp_path)
+    assert [(r.seed, r.degraded) for r in collection.results] == [(1, True), (3, True)]
+    assert collect(tmp_path) == collection.results
+    note = collection.skipped_note(tmp_path).splitlines()
+    assert note[0] == "Skipped 2 run(s) without a finished results.json (1 failed, 1 running):"
+    assert note[1:] == ["- smoke/fedreg/seed0: failed: OOM", "- smoke/fedreg/seed2: running"]
+
+
+def test_a_degraded_runs_personal_figure_is_marked_never_passed_off(tmp_path: Path) -> None:
+    # seed 0: degraded with no complete round: P only over the clients that answered (‡).
+    fake_run(tmp_path, "e", "fedreg", 0, status="degraded", personals=(None, None, None),
+             answered=(0.7, 0.8, 0.9))  # fmt: skip
+    fake_run(tmp_path, "e", "fedreg", 1)
+    # fedavg: degraded, but its complete rounds give the all-client P, which is shown (†).
+    fake_run(tmp_path, "e", "fedavg", 0, status="degraded", personals=(0.6, None, None),
+             answered=(0.6, 0.95, 0.99))  # fmt: skip
+    fake_run(tmp_path, "e", "ditto", 0)
+    results = collect(tmp_path)
+    assert [r.personal for r in results if r.cell == "fedreg"] == [(0.9, True), (0.9, False)]
+    table = paper_table(results)
+    assert "| fedreg | 70.00 ± 0.00† | 90.00 ± 0.00†‡ | 2 |" in table
+    assert "| fedavg | 70.00† | 60.00† | 1 |" in table
+    assert "| ditto | 70.00 | 90.00 | 1 |" in table
+    assert table.endswith(f"{DEGRADED_NOTE}\n\n{ANSWERED_NOTE}")
+    costs = cost_table(results)
+    assert "| e | fedreg† |" in costs and "| e | ditto |" in costs
+    assert costs.endswith(DEGRADED_NOTE) and ANSWERED_NOTE not in costs
+
+
+def test_tables_of_complete_runs_carry_no_marks(tmp_path: Path) -> None:
+    fake_run(tmp_path, "e", "fedreg", 0)
+    results = collect(tmp_path)
+    for table in (paper_table(results), cost_table(results)):
+        assert "†" not in table and "‡" not in table
+
+
+def test_curves_of_degraded_runs_use_the_answering_clients(tmp_path: Path) -> None:
+    fake_run(tmp_path, "e", "fedreg", 0, status="degraded", personals=(0.8, None, 0.9),
+             answered=(0.8, 0.5, 0.9))  # fmt: skip
+    (result,) = collect(tmp_path)
+    assert result.series("personal_accuracy") == ([1, 3], [0.8, 0.9])
+    assert result.series("personal_accuracy", answered=True) == ([1, 2, 3], [0.8, 0.5, 0.9])
+    rounds, mean, _ = _mean_band([result], "personal_accuracy", answered=True)
+    assert rounds.tolist() == [1, 2, 3] and mean.tolist() == pytest.approx([80.0, 50.0, 90.0])
+    written = write_report(tmp_path, tmp_path / "report")
+    assert (tmp_path / "report" / "e_accuracy.png") in written
+
+
+def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
+    fake_run(tmp_path / "runs", "smoke", "fedreg", 0, status="degraded")
+    fake_run(tmp_path / "runs", "smoke", "fedreg", 1, status="failed", error="boom")
+    table = write_report(tmp_path / "runs", tmp_path / "report")[0].read_text()
+    assert "Skipped 1 run(s) without a finished results.json (1 failed):" in table
+    assert "- smoke/fedreg/seed1: failed: boom" in table
+
+
+def test_a_root_of_failed_runs_only_is_an_error_that_says_why(tmp_path: Path, capsys) -> None:
+    fake_run(tmp_path, "smoke", "fedreg", 0, status="failed", error="boom")
+    with pytest.raises(FileNotFoundError, match="seed0: failed: boom"):
+        write_report(tmp_path, tmp_path / "report")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert "1 failed" in capsys.readouterr().err
+
+
+def test_the_report_and_the_runner_do_not_import_each_other() -> None:
+    """overrides.py sits below both tools; reports.py never imports the runner."""
+    package = Path(fedreg_app.__file__).parent
+
+    def imported(name: str) -> set[str]:
+        modules = set()
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules.add(node.module)
+            elif isinstance(node, ast.Import):
+                modules.update(alias.name for alias in node.names)
+        return modules
+
+    assert "fedreg_app.experiments" not in imported("reports")
+    ours = {m for m in imported("overrides") if m.split(".")[0] == "fedreg_app"}
+    assert ours == {"fedreg_app.config"}
+
+
+def test_report_classes_names_the_closest_key_of_an_unknown_one(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["classes", "--set", "pxor-mu=0.1", "--out", "x.png"])
+    assert "did you mean 'prox-mu'" in capsys.readouterr().err

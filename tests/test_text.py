@@ -8,11 +8,11 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from clients.base import NUM_TRAINED_PARAMS, PERSONAL_CORRECT, ClientSetup
-from fedreg_app.config import RunConfig
+from clients.base import ClientSetup
 from fedreg_app.data import ClientData, DatasetInfo, TensorData
 from fedreg_app.models import BASE, HEAD_P, initial_model
-from fedreg_app.registry import ALGORITHMS, algorithm_names
+from fedreg_app.protocol import NUM_TRAINED_PARAMS, PERSONAL_CORRECT
+from fedreg_app.registry import ALGORITHMS, algorithm_names, load_config
 
 TEXT = DatasetInfo(num_classes=80, channels=1, height=1, width=12, modality="text")
 
@@ -25,7 +25,7 @@ def snippets(n: int, seed: int) -> TensorData:
 
 @pytest.mark.parametrize("algo", algorithm_names())
 def test_every_algorithm_trains_and_evaluates_the_char_lstm(algo: str) -> None:
-    config = RunConfig.from_run_config({
+    config = load_config({
         "algo": algo, "model": "charlstm", "head-depth": 1, "local-epochs": 1,
         "batch-size": 8, "personal-epochs": 1, "finetune-epochs": 1, "num-server-rounds": 3,
         "deviation-finetune-rounds": 1, "fedavg2rep-warmup-rounds": 1,
@@ -34,7 +34,8 @@ def test_every_algorithm_trains_and_evaluates_the_char_lstm(algo: str) -> None:
     strategy = algorithm.strategy(config)
     server_model = initial_model(TEXT, config)
     strategy.prepare_model(server_model)
-    sent = strategy.arrays_to_send({k: v.numpy() for k, v in server_model.state_dict().items()})
+    server_arrays = {k: v.numpy() for k, v in server_model.state_dict().items()}
+    sent = strategy.arrays_to_send(server_arrays, None)
     setup = ClientSetup(config, TEXT, ClientData(0, snippets(16, 1), snippets(8, 2)), RecordDict())
     before = {k: v.copy() for k, v in sent.items()}
     result = algorithm.client(setup).train(sent, server_round=1)

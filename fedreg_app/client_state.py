@@ -1,0 +1,173 @@
+"""A node's private state on disk, versioned by round, so that a resumed run starts every
+client from exactly the state the server's checkpoint expects.
+
+Why versions: a client that finishes round t writes its new private parts (FedReG's
+head_p, Ditto's v_k, FedDyn's correction, ...) before the server has aggregated round t
+and written its checkpoint. If the server is killed in between and resumed, round t runs
+again, and the client must start it from its state *before* round t, not from the state
+the killed attempt left. So:
+
+* after a round, the client commits its records as version t:
+  ``<state-dir>/runs/<state-key>/partition-<id>/round-<t>/`` holding one ``.npz`` per
+  record and ``manifest.json`` (sha256 and size of each file), written into a temporary
+  folder that is renamed into place last: a version is complete or absent;
+* a train message of round t restores the newest complete version before t (evaluation in
+  round t: at most t); newer versions are stale leftovers of a killed attempt and are
+  deleted, as are versions older than the one restored (the server's checkpoint never
+  goes back that far);
+* a record whose file does not match its manifest is moved aside as
+  ``<file>.corrupt-<timestamp>`` and that record starts fresh; the caller reports it.
+
+Nothing is unpickled (``.npz`` without object arrays, JSON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import urllib.parse
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flwr.app import ArrayRecord, RecordDict
+
+from fedreg_app.persist import fsync_folder, load_arrays, save_arrays, write_text_atomic
+from fedreg_app.records import from_record, to_record
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+PREFIX = "round-"
+
+
+def version_name(server_round: int) -> str:
+    return f"{PREFIX}{server_round:06d}"
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class Restored:
+    """What a restore found: the version's round (0: none), the records loaded and the
+    records found corrupt (moved aside; they start fresh)."""
+
+    round: int = 0
+    records: list[str] = field(default_factory=list)
+    reset: list[str] = field(default_factory=list)
+
+
+class VersionedState:
+    """One partition's private records for one run, one folder per committed round."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        #: name -> (the record object restored, its file): a record the procedure did not
+        #: replace is the same object (algorithms replace a record when they change it).
+        self._loaded: dict[str, tuple[ArrayRecord, Path]] = {}
+
+    def versions(self) -> dict[int, Path]:
+        """Complete versions on disk by round (a folder without manifest is not one)."""
+        found = {}
+        if self.folder.is_dir():
+            for path in self.folder.glob(f"{PREFIX}*"):
+                suffix = path.name.removeprefix(PREFIX)
+                if path.is_dir() and suffix.isdigit() and (path / MANIFEST).is_file():
+                    found[int(suffix)] = path
+        return found
+
+    def restore(self, state: RecordDict, upto_round: int) -> Restored:
+        """Replace the ArrayRecords of ``state`` by the newest version of a round
+        <= ``upto_round``; delete versions after it (stale) and before it (superseded)."""
+        for name in [n for n, r in state.items() if isinstance(r, ArrayRecord)]:
+            del state[name]  # the disk is the truth: memory may hold a killed attempt's
+        self._loaded = {}
+        versions = self.versions()
+        usable = [r for r in versions if r <= upto_round]
+        chosen = max(usable, default=0)
+        for round_, path in versions.items():
+            if round_ != chosen:
+                shutil.rmtree(path, ignore_errors=True)
+        self._remove_partial_folders()
+        result = Restored(round=chosen)
+        if chosen:
+            self._load_version(versions[chosen], state, result)
+        return result
+
+    def _load_version(self, folder: Path, state: RecordDict, result: Restored) -> None:
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            entries: Mapping[str, Mapping[str, object]] = manifest["records"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self._set_aside(folder / MANIFEST)
+            result.reset.append(MANIFEST)
+            return
+        for name, entry in entries.items():
+            path = folder / str(entry.get("file", ""))
+            try:
+                if path.parent != folder or file_digest(path) != entry.get("sha256"):
+                    raise ValueError("hash mismatch")
+                record = to_record(load_arrays(path))
+            except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+                logger.warning("client state %s is corrupt; moved aside, starts afresh", path)
+                self._set_aside(path)
+                result.reset.append(name)
+                continue
+            state[name] = record
+            self._loaded[name] = (record, path)
+            result.records.append(name)
+
+    def commit(self, state: RecordDict, server_round: int) -> bool:
+        """Write the ArrayRecords of ``state`` as version ``server_round`` (complete or
+        not at all). Returns False when nothing changed since :meth:`restore`."""
+        records = {n: r for n, r in state.items() if isinstance(r, ArrayRecord)}
+        unchanged = set(records) == set(self._loaded) and all(
+            self._loaded[name][0] is record for name, record in records.items()
+        )
+        if unchanged:
+            return False
+        self.folder.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=self.folder, prefix=".staging-"))
+        manifest = {}
+        for name, record in records.items():
+            path = staging / f"{urllib.parse.quote(name, safe='')}.npz"
+            previous = self._loaded.get(name)
+            if previous is not None and previous[0] is record and previous[1].exists():
+                os.link(previous[1], path)  # the same bytes: no second write
+            else:
+                save_arrays(path, from_record(record))
+            manifest[name] = {"file": path.name, "sha256": file_digest(path)}
+        write_text_atomic(staging / MANIFEST, json.dumps({"round": server_round,
+                                                          "records": manifest}))  # fmt: skip
+        target = self.folder / version_name(server_round)
+        if target.exists():  # a stale attempt at this round
+            shutil.rmtree(target)
+        os.replace(staging, target)
+        fsync_folder(self.folder)
+        return True
+
+    def _remove_partial_folders(self) -> None:
+        """Staging folders, and round folders without manifest, are leftovers of a
+        process killed while writing."""
+        if not self.folder.is_dir():
+            return
+        for path in self.folder.iterdir():
+            partial = path.name.startswith(".staging-") or (
+                path.name.startswith(PREFIX) and path.is_dir() and not (path / MANIFEST).exists()
+            )
+            if partial:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _set_aside(self, path: Path) -> None:
+        """Keep the bad file for inspection beside the versions (which get deleted)."""
+        if path.exists():
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            path.rename(self.folder / f"{path.parent.name}-{path.name}.corrupt-{stamp}")
