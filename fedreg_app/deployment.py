@@ -11,6 +11,10 @@ Every process is started in its own session and stopped by its PID (SIGTERM, the
 SIGKILL), together with what it spawned. With ``tls`` (a folder made by
 ``deploy/make_certs.sh``: ``ca.crt``, ``server.pem``, ``server.key``) all connections use
 TLS; without it everything runs ``--insecure``, which is for loopback experiments only.
+``supernode_auth=True`` (needs ``tls``) starts the SuperLink with
+``--enable-supernode-auth``; SuperNodes added with ``add_supernode(config, extra_args)``
+then pass ``--auth-supernode-private-key`` among their ``extra_args``. What this setup
+protects, and what it does not, is measured in ``tests/test_deployment_security.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import subprocess
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -54,10 +59,15 @@ class LocalDeployment:
         app: Path = PROJECT,
         tls: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        supernode_auth: bool = False,
     ) -> None:
         self.home, self.nodes, self.app, self.tls = home, nodes, app, tls
+        if supernode_auth and tls is None:
+            raise ValueError("SuperNode authentication needs TLS: pass tls=<certificates>")
+        self.supernode_auth = supernode_auth
         self.port = free_port()
         self.node_ports = [free_port() for _ in nodes]
+        self.node_args: list[list[str]] = [[] for _ in nodes]
         self.env = {
             **os.environ,
             **QUIET_OFFLINE_ENV,
@@ -131,6 +141,8 @@ class LocalDeployment:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--database", str(self.home / "state.db"),
         ]  # fmt: skip
+        if self.supernode_auth:
+            command.append("--enable-supernode-auth")
         self.superlink = self._spawn(command, "superlink.log")
         self._wait_healthy()
 
@@ -141,8 +153,21 @@ class LocalDeployment:
             "--superlink", f"127.0.0.1:{self.port}",
             "--port", str(self.node_ports[index]),
             "--node-config", node_config_arg(self.nodes[index]),
+            *self.node_args[index],
         ]  # fmt: skip
         self.supernodes[index] = self._spawn(command, f"supernode{index}.log")
+
+    def add_supernode(self, node_config: dict[str, Any], extra_args: Sequence[str] = ()) -> int:
+        """Start one more SuperNode (e.g. after its key was registered) and return its
+        index. ``extra_args`` go on its command line, here and on every restart, e.g.
+        ``["--auth-supernode-private-key", "<key>"]``."""
+        self.nodes = [*self.nodes, node_config]  # the caller's list stays as it was
+        self.node_ports.append(free_port())
+        self.node_args.append(list(extra_args))
+        self.supernodes.append(None)
+        index = len(self.nodes) - 1
+        self.start_supernode(index)
+        return index
 
     def kill_supernode(self, index: int, hard: bool = True) -> None:
         """Stop a SuperNode and what it spawned; ``hard`` kills at once, like a device

@@ -11,15 +11,11 @@ import hashlib
 import json
 import os
 import tempfile
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-from flwr.app import ArrayRecord, RecordDict
-
-from fedreg_app.records import from_record, to_record
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -82,43 +78,3 @@ def load_json(path: Path) -> Any:
 def digest(*parts: Any) -> str:
     """A short stable name for a tuple of settings (folder names of caches)."""
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
-
-
-class DiskState:
-    """A node's ``context.state`` mirrored in a folder, one ``.npz`` per record.
-
-    In deployment every message runs in a fresh process and a restarted SuperNode starts
-    with empty state; with a ``state-dir`` the private parts (FedReG's head_p, Ditto's
-    personal model, FedDyn's correction, ...) come back from here. Only ArrayRecords are
-    kept on disk; they are all the algorithms store.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def _path(self, name: str) -> Path:
-        return self.folder / f"{urllib.parse.quote(name, safe='')}.npz"
-
-    def restore(self, state: RecordDict) -> list[str]:
-        """Load the records the in-memory state lacks (memory is newer when present)."""
-        restored = []
-        for path in sorted(self.folder.glob("*.npz")):
-            name = urllib.parse.unquote(path.stem)
-            if name not in state:
-                state[name] = to_record(load_arrays(path))
-                restored.append(name)
-        return restored
-
-    def persist(self, state: RecordDict, before: Mapping[str, int]) -> list[str]:
-        """Write the ArrayRecords that are new or replaced since ``before`` (record ids)."""
-        written = []
-        for name, record in state.items():
-            if isinstance(record, ArrayRecord) and before.get(name) != id(record):
-                save_arrays(self._path(name), from_record(record))
-                written.append(name)
-        return written
-
-
-def record_ids(state: RecordDict) -> dict[str, int]:
-    """Identity of each record now: algorithms replace a record when they change it."""
-    return {name: id(record) for name, record in state.items()}

@@ -233,8 +233,10 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate replies the ServerApp has already checked (``train_reply_problem``);
-        with fewer than ``min-train-replies`` of them the global model is kept."""
-        valid = list(replies)
+        with fewer than ``min-train-replies`` of them the global model is kept. Replies
+        are taken in partition order, not arrival order, so that floating-point sums do
+        not depend on which client answered first."""
+        valid = sorted(replies, key=lambda msg: int(msg.content[METRICS][PARTITION_ID]))
         if len(valid) < self.config.min_train_replies:
             log(
                 WARNING,

@@ -81,7 +81,7 @@ def test_fedreg_on_a_superlink_and_three_supernodes(
     assert all(r["sampled_clients"] == [0, 1, 2] for r in results["rounds"])
     assert sorted(results["rounds"][-1]["client_accuracies"]) == ["0", "1", "2"]
     for i in range(3):  # private heads and decoded data live on each device's disk
-        assert list((tmp_path / f"device{i}" / "runs").glob("*/partition-*/head_p.npz"))
+        assert list((tmp_path / f"device{i}" / "runs").glob("*/partition-*/round-*/head_p.npz"))
         assert list((tmp_path / f"device{i}" / "data").glob("*/partition-*.npz"))
 
 
@@ -111,28 +111,47 @@ def test_a_killed_supernode_rejoins_with_its_private_head(
     assert "partition 1: restored head_p" in node_log
 
 
-def test_an_interrupted_server_resumes_from_its_checkpoint(
+def test_a_server_killed_mid_round_resumes_to_the_uninterrupted_numbers(
     deployment: LocalDeployment, grey_dataset: Path, tmp_path: Path
 ) -> None:
+    """SIGKILL the SuperLink and its ServerApp in round 2, as soon as one device has
+    committed its round-2 state (before the server's round-2 checkpoint); restart, resume:
+    every round equals an uninterrupted deployed run's."""
+    whole = tmp_path / "whole"
+    deployment.run(run_config(grey_dataset, whole, 3), timeout=900)
     results_dir = tmp_path / "results"
     run = deployment.start_run(run_config(grey_dataset, results_dir, 3), tmp_path / "run.log")
+    devices = [tmp_path / f"device{i}" / "runs" for i in range(3)]
+
+    def committed_round_2() -> list[Path]:
+        folders = [results_dir / p.name for p in results_dir.glob("*/")]
+        keys = {f.name for f in folders}
+        return [v for d in devices for v in d.glob("*/partition-*/round-000002")
+                if v.parent.parent.name in keys]  # fmt: skip
+
     try:
-        wait_for(lambda: len(results_in(results_dir).get("rounds", [])) >= 1, 600, "round 1")
-        deployment.kill_superlink()  # the server crashes mid-run, its ServerApp with it
+        deadline = time.monotonic() + 900
+        while not committed_round_2():
+            assert time.monotonic() < deadline, "round 2 never started"
+            time.sleep(0.05)
+        deployment.kill_superlink()  # the server crashes mid-round, its ServerApp with it
     finally:
         run.kill()
     [run_folder] = [p for p in results_dir.iterdir() if p.is_dir()]
     done = json.loads((run_folder / "checkpoint" / "state.json").read_text())["round"]
-    assert 1 <= done < 3 and results_in(results_dir)["run"]["status"] == "running"
+    assert done == 1 and results_in(results_dir)["run"]["status"] == "running"
+    assert committed_round_2()  # stale round-2 state on disk that resume must not use
     deployment.start_superlink()  # same port and database: the SuperNodes reconnect
     log = deployment.run(
         run_config(grey_dataset, results_dir, 3, resume=str(run_folder)), timeout=900
     )
-    results = results_in(results_dir)
+    expected, results = results_in(whole), results_in(results_dir)
     assert results["run"]["status"] == "completed", log[-3000:]
-    assert [r["round"] for r in results["rounds"]] == [1, 2, 3]
-    assert results["run"]["resumed"][0]["after_round"] == done
-    assert all(r["num_train_examples"] > 0 for r in results["rounds"])
+    assert results["run"]["resumed"][0]["after_round"] == 1
+    for a, b in zip(expected["rounds"], results["rounds"], strict=True):
+        assert (a["round"], a["sampled_clients"]) == (b["round"], b["sampled_clients"])
+        assert a["global_accuracy"] == b["global_accuracy"]
+        assert a["personal_accuracy"] == b["personal_accuracy"]
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")

@@ -7,15 +7,22 @@ process group when the module's tests are done.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import RunConfig
 from fedreg_app.data import DatasetInfo
-from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.launcher import LocalSuperLink, descendants
 from fedreg_app.models import BASE, HEAD_G, build_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.records import to_record
@@ -138,41 +145,82 @@ def test_bad_config_fails_before_training(
         superlink, f"alpha=-1.0 dataset-path='{grey_dataset}' results-dir='{results_dir}'"
     )
     assert "alpha=-1.0 is not allowed" in log, log[-3000:]
-    assert not results_dir.exists()
+    results = results_of(results_dir)  # refused before any work, and says so on disk
+    assert results["run"]["status"] == "failed" and results["rounds"] == []
+    assert "alpha=-1.0 is not allowed" in results["run"]["error"]
 
 
-def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(
+def simulation_processes(superlink: LocalSuperLink) -> list[int]:
+    """PIDs of the running ``flwr-simulation`` process (ServerApp + Ray clients)."""
+    found = []
+    for pid in descendants(superlink.process.pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "flwr-simulation" in command:
+            found.append(pid)
+    return found
+
+
+def sigkill_tree(pid: int) -> None:
+    for target in [*descendants(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, signal.SIGKILL)
+
+
+def test_server_sigkilled_mid_round_then_resumed_matches_an_uninterrupted_run(
     superlink: LocalSuperLink, grey_dataset: Path, tmp_path: Path
 ) -> None:
-    """Stop after round 2 (a completed 2-round run stands in for the interruption), resume
-    from its checkpoint to round 3: the same numbers as 3 rounds in one go. Client state is
-    on disk (``state-dir``), so FedReG's private heads carry over the restart."""
+    """A real fault: SIGKILL the simulation process (ServerApp and clients) during round
+    2's training, as soon as one client has committed its round-2 state and before the
+    server's round-2 checkpoint; resume from the checkpoint: every round's accuracies
+    equal the uninterrupted run's. One client at a time (2 CPUs each), so the kill lands
+    between the two clients of the round."""
     common = (
-        f"algo='fedreg' dataset-path='{grey_dataset}' local-epochs=1 fraction-train=0.5 "
-        "min-partition-size=5 seed=11"
+        f"algo='fedreg' dataset-path='{grey_dataset}' local-epochs=10 fraction-train=0.5 "
+        "min-partition-size=5 seed=11 num-server-rounds=3"
     )
     whole, part = tmp_path / "whole", tmp_path / "part"
-    whole_state, part_state = tmp_path / "state-whole", tmp_path / "state-part"
-    flwr_run(
-        superlink, f"{common} num-server-rounds=3 results-dir='{whole}' state-dir='{whole_state}'"
-    )
-    flwr_run(
-        superlink, f"{common} num-server-rounds=2 results-dir='{part}' state-dir='{part_state}'"
-    )
+    superlink.run(f"{common} results-dir='{whole}' state-dir='{tmp_path / 'sw'}'",
+                  supernodes=4, cpus_per_client=2, timeout=600)  # fmt: skip
+    state = tmp_path / "sp"
+    command = superlink.command(f"{common} results-dir='{part}' state-dir='{state}'", 4, 2)
+    log = (tmp_path / "killed.log").open("w")
+    cli = subprocess.Popen(command, cwd=superlink.app, env=superlink.env, stdout=log,
+                           stderr=subprocess.STDOUT)  # fmt: skip
+    deadline = time.monotonic() + 300
+    try:
+        while not list(state.glob("runs/*/partition-*/round-000002")):
+            assert time.monotonic() < deadline, "round 2 never started"
+            time.sleep(0.005)
+        for pid in simulation_processes(superlink):
+            sigkill_tree(pid)
+    finally:
+        cli.terminate()
+        cli.wait(timeout=60)
+        log.close()
     [run_folder] = list(part.glob("*/"))
-    assert json.loads((run_folder / "checkpoint" / "state.json").read_text())["round"] == 2
-    resume = f"state-dir='{part_state}' resume='{run_folder}'"
-    log = flwr_run(superlink, f"{common} num-server-rounds=3 results-dir='{part}' {resume}")
-    assert "resuming" in log, log[-3000:]
+    checkpoint = json.loads((run_folder / "checkpoint" / "state.json").read_text())
+    assert checkpoint["round"] == 1  # killed before the round-2 checkpoint ...
+    assert len(list(state.glob("runs/*/partition-*/round-000002"))) == 1  # ... mid-round
+    assert results_of(part)["run"]["status"] == "running"  # nothing could write "failed"
+    log_text = superlink.run(
+        f"{common} results-dir='{part}' state-dir='{state}' resume='{run_folder}'",
+        supernodes=4, cpus_per_client=2, timeout=600,
+    )  # fmt: skip
+    assert "resuming" in log_text, log_text[-3000:]
     expected, resumed = results_of(whole), results_of(part)
-    assert resumed["run"]["status"] == "completed" and len(resumed["rounds"]) == 3
-    assert resumed["run"]["resumed"][0]["after_round"] == 2
+    assert resumed["run"]["status"] == "completed"
+    assert resumed["run"]["resumed"][0]["after_round"] == 1
     for a, b in zip(expected["rounds"], resumed["rounds"], strict=True):
         assert a["sampled_clients"] == b["sampled_clients"]
-        assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-6)
-        assert a["personal_accuracy"] == pytest.approx(b["personal_accuracy"], abs=1e-6)
-    heads = list((tmp_path / "state-part" / "runs").glob("*/partition-*/head_p.npz"))
-    assert heads  # the private heads lived on disk, where the resumed run found them
+        assert a["global_accuracy"] == b["global_accuracy"]
+        assert a["personal_accuracy"] == b["personal_accuracy"]
+    [whole_folder] = list(whole.glob("*/"))
+    final, reference = Checkpoint.load(run_folder)[0], Checkpoint.load(whole_folder)[0]
+    assert final.round == reference.round == 3
+    assert all(np.array_equal(final.model[k], reference.model[k]) for k in reference.model)
 
 
 def test_shakespeare_with_the_char_lstm_from_a_pretrained_model(

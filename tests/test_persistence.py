@@ -18,8 +18,7 @@ from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
 from fedreg_app.metrics import ResultsWriter, RoundRecord
 from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import DiskState, load_arrays, record_ids, save_arrays
-from fedreg_app.records import from_record, to_record
+from fedreg_app.persist import load_arrays, save_arrays
 from fedreg_app.registry import load_config
 from strategies.fedavg import FedAvgStrategy
 from strategies.feddyn import FedDynStrategy
@@ -37,23 +36,6 @@ def test_arrays_round_trip_and_pickles_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="allow_pickle"):
         load_arrays(tmp_path / "evil.npz")
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary file left behind
-
-
-def test_disk_state_restores_missing_records_and_writes_only_changed_ones(tmp_path: Path) -> None:
-    disk = DiskState(tmp_path / "partition-3")
-    state = RecordDict({"head_p": to_record({"head_p.w": np.ones(3, np.float32)})})
-    before = record_ids(state)
-    state["ditto-personal"] = to_record({"base.w": np.zeros(2, np.float32)})
-    assert disk.persist(state, before) == ["ditto-personal"]  # head_p did not change
-    state["head_p"] = to_record({"head_p.w": np.full(3, 2.0, np.float32)})
-    assert disk.persist(state, {"ditto-personal": id(state["ditto-personal"])}) == ["head_p"]
-
-    fresh = RecordDict()  # a restarted node
-    assert sorted(disk.restore(fresh)) == ["ditto-personal", "head_p"]
-    assert np.array_equal(from_record(fresh["head_p"])["head_p.w"], np.full(3, 2.0))
-    newer = RecordDict({"head_p": to_record({"head_p.w": np.zeros(3, np.float32)})})
-    assert disk.restore(newer) == ["ditto-personal"]  # memory wins where it has the record
-    assert np.array_equal(from_record(newer["head_p"])["head_p.w"], np.zeros(3))
 
 
 def test_node_data_is_decoded_once_then_read_from_disk(

@@ -1,0 +1,111 @@
+"""A federation in this process, for fault tests: the real ServerApp ``main`` drives the
+real ClientApp handlers through a Grid that delivers messages by calling them, and lets a
+test replace chosen replies by crafted ones, raise in a client, or "kill the server"
+(stop it dead) after a chosen reply, as a SIGKILL would.
+
+It is not Flower's transport: what it tests is the app's own logic (checks, status,
+state, resume) with replies no honest client would send.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedreg_app import client_app, server_app
+from fedreg_app.protocol import CONFIG, SERVER_ROUND
+
+#: A fault: given the message and the honest reply (None if the client raised), the
+#: reply to deliver (None: no reply at all).
+Fault = Callable[[Message, Message | None], Message | None]
+HANDLERS = {
+    MessageType.QUERY: client_app.query,
+    MessageType.TRAIN: client_app.train,
+    MessageType.EVALUATE: client_app.evaluate,
+}
+
+
+class ServerKilled(BaseException):  # noqa: N818 - it stands for a signal, not an error
+    """Raised inside the ServerApp to stop it dead, like SIGKILL: nothing after runs
+    except what a killed process would not do either (tests then ignore its status)."""
+
+
+def error_reply(msg: Message, reason: str) -> Message:
+    return Message(Error(code=0, reason=reason), reply_to=msg)
+
+
+class InProcessGrid:
+    """Nodes ``1000 + partition`` running ``fedreg_app.client_app`` in this process."""
+
+    def __init__(
+        self,
+        run_config: dict[str, Any],
+        num_partitions: int,
+        faults: dict[tuple[str, int, int], Fault] | None = None,
+        kill_after: tuple[str, int, int] | None = None,
+    ) -> None:
+        """``faults[(phase, round, partition)]`` rewrites that reply; ``kill_after =
+        (phase, round, n)`` kills the server once ``n`` replies of that phase came back."""
+        self.faults = faults or {}
+        self.kill_after = kill_after
+        self.contexts = {
+            1000 + p: Context(
+                run_id=1, node_id=1000 + p, state=RecordDict(), run_config=dict(run_config),
+                node_config={"partition-id": p, "num-partitions": num_partitions},
+            )
+            for p in range(num_partitions)
+        }  # fmt: skip
+        self.delivered: list[tuple[str, int, int]] = []  # (phase, round, partition)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterator[Message]:
+        replies = []
+        for counted, msg in enumerate(messages, start=1):
+            context = self.contexts[msg.metadata.dst_node_id]
+            phase = msg.metadata.message_type
+            partition = int(context.node_config["partition-id"])
+            server_round = int(msg.content[CONFIG][SERVER_ROUND]) if CONFIG in msg.content else 0
+            try:
+                reply: Message | None = HANDLERS[phase](msg, context)
+            except Exception as err:  # a client that raises: Flower replies with an error
+                reply = error_reply(msg, f"{type(err).__name__}: {err}")
+            fault = self.faults.get((phase, server_round, partition))
+            if fault is not None:
+                reply = fault(msg, reply)
+            if reply is not None:
+                replies.append(reply)
+                self.delivered.append((phase, server_round, partition))
+            if self.kill_after == (phase, server_round, counted):
+                raise ServerKilled(
+                    f"killed after {counted} {phase} replies of round {server_round}"
+                )
+        return iter(replies)
+
+
+def run_server(
+    run_config: dict[str, Any], num_partitions: int = 4, run_id: int = 1, **grid_options: Any
+) -> tuple[InProcessGrid, BaseException | None]:
+    """Run the ServerApp to its end (or its death); returns the grid and what stopped it."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
+    grid = InProcessGrid(run_config, num_partitions, **grid_options)
+    context = Context(run_id=run_id, node_id=1, node_config={}, state=RecordDict(),
+                      run_config=dict(run_config))  # fmt: skip
+    try:
+        server_app.main(grid, context)  # type: ignore[arg-type]
+    except BaseException as err:  # noqa: BLE001 - the caller decides what it expected
+        return grid, err
+    return grid, None
+
+
+def results(results_dir: Path) -> dict[str, Any]:
+    [path] = list(results_dir.glob("*/results.json"))
+    return json.loads(path.read_text())

@@ -1,0 +1,303 @@
+"""Faults injected into a whole run (the real ServerApp and ClientApp handlers, in this
+process): clients that raise, crafted replies, a server killed mid-round, crafted
+state keys. Each test injects the fault and checks what the run says and keeps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedreg_app import client_app
+from fedreg_app.partition_map import PartitionMap
+from fedreg_app.persist import load_arrays
+from fedreg_app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, NUM_TEST, PARTITION_ID
+from fedreg_app.records import from_record, to_record
+from fedreg_app.registry import load_config
+from strategies.fedreg import FedReGStrategy
+from tests.inprocess import ServerKilled, error_reply, results, run_server
+
+TRAIN, EVALUATE = MessageType.TRAIN, MessageType.EVALUATE
+
+
+@pytest.fixture
+def base(grey_dataset: Path, tmp_path: Path) -> dict[str, Any]:
+    return {
+        "algo": "fedreg", "dataset-path": str(grey_dataset), "local-epochs": 1,
+        "fraction-train": 0.5, "min-partition-size": 5, "num-server-rounds": 3, "seed": 5,
+        "results-dir": str(tmp_path / "results"),
+    }  # fmt: skip
+
+
+def final_model(results_dir: Path) -> dict[str, np.ndarray]:
+    """The global model of the run's last checkpoint (whatever its file layout)."""
+    [folder] = [p for p in results_dir.glob("*/checkpoint")]
+    return {
+        k: v for path in sorted(folder.rglob("model.npz")) for k, v in load_arrays(path).items()
+    }
+
+
+def raising(reason: str):
+    return lambda msg, reply: error_reply(
+        msg, f"Traceback (most recent call last):\n  ...\n{reason}"
+    )
+
+
+def test_a_client_failing_makes_the_run_degraded_and_the_personal_figure_partial(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """Partition 2 raises during round 2's evaluation: the run finishes ``degraded``, the
+    round's all-client personal accuracy is null, the partial one is kept with its
+    coverage, and the error is recorded with the node it came from."""
+    faults = {(EVALUATE, 2, 2): raising("OSError: disk on fire")}
+    _, stopped = run_server(base, faults=faults)
+    assert stopped is None
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "degraded"
+    round1, round2, round3 = document["rounds"]
+    assert round1["personal_accuracy"] is not None and round1["eval_failures"] == 0
+    assert round2["personal_accuracy"] is None and round2["personal_accuracy_std"] is None
+    assert round2["personal_accuracy_answered"] is not None
+    assert round2["eval_replies"] == 3 and round2["eval_failures"] == 1
+    coverage = round2["personal_coverage"]
+    assert (coverage["clients"], coverage["of_clients"]) == (3, 4)
+    assert coverage["test_samples"] < coverage["of_test_samples"]
+    assert round2["errors"] == [{"phase": "evaluate", "error": "OSError: disk on fire",
+                                 "nodes": [1002], "partitions": [2]}]  # fmt: skip
+    assert "2" not in round2["client_accuracies"]
+    answered = [r["personal_accuracy"] for r in (round1, round3)]
+    assert document["best_personal_accuracy"] == max(answered)
+
+
+def test_every_client_failing_fails_the_run_and_names_the_error(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    faults = {(TRAIN, 1, p): raising("RuntimeError: CUDA out of memory") for p in range(4)}
+    _, stopped = run_server(base, faults=faults)
+    assert stopped is not None
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "failed"
+    assert "none of the 2 train replies was usable" in document["run"]["error"]
+    assert "RuntimeError: CUDA out of memory" in document["run"]["error"]
+    assert document["rounds"] == []
+
+
+def test_a_run_that_cannot_start_still_writes_failed_results(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    _, stopped = run_server({**base, "dataset-path": str(tmp_path / "missing")})
+    assert stopped is not None
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "failed"
+    assert (
+        "dataset-path=" in document["run"]["error"] and "train.parquet" in document["run"]["error"]
+    )
+
+
+def test_min_train_replies_above_the_clients_per_round_fails_before_training(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    grid, stopped = run_server({**base, "min-train-replies": 3})  # 4 clients x 0.5 = 2
+    assert "min-train-replies=3 is not allowed: expected at most 2" in str(stopped)
+    assert not [d for d in grid.delivered if d[0] == TRAIN]
+    assert results(tmp_path / "results")["run"]["status"] == "failed"
+
+
+def craft(change):
+    """A fault that rewrites the honest reply's arrays / metrics with ``change``."""
+
+    def fault(msg: Message, reply: Message | None) -> Message:
+        arrays = from_record(reply.content[ARRAYS])
+        metrics = dict(reply.content[METRICS])
+        change(arrays, metrics)
+        content = RecordDict({ARRAYS: to_record(arrays), METRICS: MetricRecord(metrics)})
+        return Message(content, reply_to=msg)
+
+    return fault
+
+
+def _nan(arrays, metrics):
+    arrays["base.0.weight"][0] = np.nan
+
+
+def _shape(arrays, metrics):
+    arrays["base.0.bias"] = np.zeros(7, dtype=np.float32)
+
+
+def _extra_key(arrays, metrics):
+    arrays["head_p.0.weight"] = np.zeros((2, 2), dtype=np.float32)
+
+
+def _missing_key(arrays, metrics):
+    del arrays["base.0.bias"]
+
+
+def _dtype(arrays, metrics):
+    arrays["base.0.bias"] = arrays["base.0.bias"].astype(np.float64)
+
+
+def _other_partition(arrays, metrics):
+    metrics[PARTITION_ID] = (metrics[PARTITION_ID] + 1) % 4
+
+
+def _negative_weight(arrays, metrics):
+    metrics[NUM_EXAMPLES] = -100
+
+
+def _infinite_weight(arrays, metrics):
+    metrics[NUM_EXAMPLES] = float("inf")
+
+
+CRAFTED = {
+    "nan": (_nan, "NaN or infinite"),
+    "shape": (_shape, "is float32[7], expected float32["),
+    "extra key": (_extra_key, "unexpected ['head_p.0.weight']"),
+    "missing key": (_missing_key, "missing ['base.0.bias']"),
+    "dtype": (_dtype, "is float64["),
+    "other partition": (_other_partition, "sent to partition"),
+    "negative weight": (_negative_weight, "num-examples=-100"),
+    "infinite weight": (_infinite_weight, "num-examples=inf"),
+}
+
+
+def first_sampled(run_config: dict[str, Any]) -> int:
+    """The first partition the seeded sampler trains in round 1."""
+    strategy = FedReGStrategy(load_config(run_config))
+    strategy.set_partitions(PartitionMap(4, {p: 1000 + p for p in range(4)}))
+    return strategy.sample_partitions(1)[0]
+
+
+@pytest.mark.parametrize("name", sorted(CRAFTED))
+def test_a_crafted_training_reply_is_dropped_never_averaged(
+    name: str, base: dict[str, Any], tmp_path: Path
+) -> None:
+    """The crafted reply's run ends with exactly the model of a run in which that client
+    simply failed: it was counted as a failure and not averaged in."""
+    change, reason = CRAFTED[name]
+    config = {**base, "num-server-rounds": 1}
+    victim = first_sampled(config)
+    crafted_dir, failed_dir = tmp_path / "crafted", tmp_path / "failed"
+    for folder, fault in ((failed_dir, raising("dropped")), (crafted_dir, craft(change))):
+        _, stopped = run_server({**config, "results-dir": str(folder)},
+                                faults={(TRAIN, 1, victim): fault})  # fmt: skip
+        assert stopped is None
+    record = results(crafted_dir)["rounds"][0]
+    assert (record["train_replies"], record["train_failures"]) == (1, 1)
+    assert reason in record["errors"][0]["error"], record["errors"]
+    assert results(crafted_dir)["run"]["status"] == "degraded"
+    crafted, dropped = final_model(crafted_dir), final_model(failed_dir)
+    assert crafted.keys() == dropped.keys()
+    assert all(np.array_equal(crafted[k], dropped[k]) for k in crafted)
+    assert all(np.isfinite(v).all() for v in crafted.values())
+
+
+def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_path: Path) -> None:
+    def inflate(msg: Message, reply: Message | None) -> Message:
+        metrics = dict(reply.content[METRICS])
+        metrics["personal-correct"] = metrics[NUM_TEST] + 50  # more correct than tested
+        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    run_server({**base, "num-server-rounds": 1}, faults={(EVALUATE, 1, 3): inflate})
+    record = results(tmp_path / "results")["rounds"][0]
+    assert record["eval_failures"] == 1 and record["personal_accuracy"] is None
+    assert 0 <= record["personal_accuracy_answered"] <= 1
+
+
+# ------------------------------------------------------------------- resume
+def client_states(state_dir: Path) -> dict[str, np.ndarray]:
+    """Every partition's newest private state, keyed by partition and array name."""
+    arrays = {}
+    for partition in sorted(state_dir.glob("runs/*/partition-*")):
+        newest = max(partition.glob("round-*"))
+        for path in sorted(newest.glob("*.npz")):
+            for key, value in load_arrays(path).items():
+                arrays[f"{partition.name}/{newest.name}/{path.stem}/{key}"] = value
+    return arrays
+
+
+def assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert got.keys() == want.keys() and got
+    different = [k for k in got if not np.array_equal(got[k], want[k])]
+    assert not different, different[:5]
+
+
+def per_round(document: dict[str, Any]) -> list[tuple]:
+    return [(r["round"], r["sampled_clients"], r["global_accuracy"], r["personal_accuracy"])
+            for r in document["rounds"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("algo", ["fedreg", "ditto", "feddyn"])
+def test_server_killed_after_a_client_saved_its_next_state_resumes_exactly(
+    algo: str, base: dict[str, Any], tmp_path: Path
+) -> None:
+    """Kill the server in round 2's training after one client replied (its round-2 state
+    is on disk, the server's checkpoint is round 1's), resume: every round's numbers
+    equal the uninterrupted run's. Before versioned state the resumed client started
+    round 2 again from the killed attempt's state."""
+    config = {**base, "algo": algo, "num-server-rounds": 3}
+    whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
+    run_server(whole)
+    part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
+    grid, stopped = run_server(part, run_id=2, kill_after=(TRAIN, 2, 1))
+    assert isinstance(stopped, ServerKilled)
+    [run_folder] = list((tmp_path / "part").glob("*/"))
+    state = json.loads((run_folder / "checkpoint" / "state.json").read_text())
+    assert state["round"] == 1  # the checkpoint is round 1's ...
+    ahead = list((tmp_path / "sp").glob("runs/*/partition-*/round-000002"))
+    assert len(ahead) == 1  # ... but one client already committed its round-2 state
+    _, stopped = run_server({**part, "resume": str(run_folder)}, run_id=3)
+    assert stopped is None
+    expected, resumed = results(tmp_path / "whole"), results(tmp_path / "part")
+    assert resumed["run"]["status"] == "completed"
+    assert per_round(resumed) == per_round(expected)
+    # accuracies on tiny data are coarse: the models themselves must be bit-identical
+    assert_same_arrays(final_model(tmp_path / "part"), final_model(tmp_path / "whole"))
+    assert_same_arrays(client_states(tmp_path / "sp"), client_states(tmp_path / "sw"))
+
+
+def test_resume_of_an_algorithm_with_client_state_needs_a_state_dir(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    run_server({**base, "num-server-rounds": 1})
+    [run_folder] = list((tmp_path / "results").glob("*/"))
+    _, stopped = run_server({**base, "resume": str(run_folder)}, run_id=2)
+    assert "needs every client's private state on disk" in str(stopped)
+    assert "state-dir" in str(stopped)
+
+
+# ------------------------------------------------------- the wire into the disk
+@pytest.mark.parametrize("key", ["../../outside", "/tmp/abs", "a/../../b", "..", "x" * 300, ""])
+def test_a_crafted_state_key_cannot_reach_outside_the_state_dir(
+    key: str, base: dict[str, Any], tmp_path: Path
+) -> None:
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    state_dir = tmp_path / "state" / "inner"
+    run_config = {**base, "state-dir": str(state_dir)}
+    context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=run_config,
+                      node_config={"partition-id": 0, "num-partitions": 4})  # fmt: skip
+    config = ConfigRecord({"server-round": 1, "state-key": key})
+    msg = Message(RecordDict({ARRAYS: ArrayRecord(), CONFIG: config}), message_type=TRAIN,
+                  dst_node_id=7)  # fmt: skip
+    if key == "":  # no key: the client falls back to its run id, inside the state dir
+        with pytest.raises(KeyError):  # (and then fails on the empty arrays, harmlessly)
+            client_app.train(msg, context)
+        assert all(p.is_relative_to(state_dir) for p in (tmp_path / "state").rglob("*"))
+        return
+    with pytest.raises(ValueError, match="state-key=.* is not allowed"):
+        client_app.train(msg, context)
+    assert not (state_dir / "runs").exists()  # no private state written or read anywhere
+    assert [p.name for p in (tmp_path / "state").iterdir()] == ["inner"]
+    assert not list(Path("/tmp").glob("abs*")) or not Path("/tmp/abs").exists()
