@@ -65,21 +65,45 @@ def kill_tree(process: subprocess.Popen | None) -> None:
 
 
 def stop_process(process: subprocess.Popen | None, grace: float = 20.0) -> None:
-    """SIGTERM the process's group (it was started in its own session), SIGKILL it if it
-    lingers. Its group is signalled even if the process itself has exited, so nothing it
-    started is left behind."""
+    """SIGTERM the process's group (it was started in its own session) and the groups its
+    descendants lead (Flower's SuperExec starts one of its own, with the simulation and
+    Ray below it), then SIGKILL whatever of them lingers. Only processes this one started
+    are signalled; its group is signalled even if the process itself has exited."""
     if process is None:
         return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    below = descendants(process.pid)
+    groups = {process.pid} | {pid for pid in below if _leads_group(pid)}
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(pid) for pid in below):
+        time.sleep(0.2)
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10.0)
+
+
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's wait is missing
 
 
 class LocalSuperLink:
