@@ -21,6 +21,7 @@ from fedreg_app.config import AlgorithmOptions, RunConfig, at_least, option
 from fedreg_app.data import ClientData, DatasetInfo, TensorData
 from fedreg_app.models import BASE, HEAD_G, SplitModel, initial_model
 from fedreg_app.protocol import (
+    GLOBAL_CORRECT,
     NUM_EXAMPLES,
     NUM_PROCESSED,
     NUM_TEST,
@@ -31,9 +32,10 @@ from fedreg_app.records import from_record, to_record
 from fedreg_app.seeds import torch_generator
 from fedreg_app.training import (
     EVAL_BATCH_SIZE,
+    Forward,
     LossFn,
     batches,
-    count_correct,
+    count_correct_each,
     select_device,
     train_epochs,
 )
@@ -103,20 +105,38 @@ class ClientProcedure:
         """One round of local training; returns what is sent to the server."""
         raise NotImplementedError
 
-    def evaluate(self, global_arrays: dict[str, np.ndarray], server_round: int) -> dict[str, int]:
-        """Correct count of the client's personal model on its own test split. (The global
-        model's accuracy is the ServerApp's, on the union of all test splits.)"""
+    def evaluate(
+        self,
+        global_arrays: dict[str, np.ndarray],
+        server_round: int,
+        global_parts: tuple[nn.Module, Forward] | None = None,
+    ) -> dict[str, int]:
+        """Correct counts on the client's own test split: its personal model's and, when
+        ``global_parts`` (base, head) is given, the global model's, in one pass over the
+        split; where both bases hold the same weights the base runs once. The server sums
+        the counts: the union of the splits is the global test set."""
         self.load_global(global_arrays)
         self.restore_private()
         self.prepare_personal_model(server_round)
         self.model.eval()
-        correct = count_correct(self.personal_predict, self.data.test, self.device)
-        return {NUM_TEST: len(self.data.test), PERSONAL_CORRECT: correct}
+        personal_base, personal_head = self.personal_parts()
+        models = {PERSONAL_CORRECT: (personal_base, personal_head)}
+        if global_parts is not None:
+            base, head = global_parts
+            models[GLOBAL_CORRECT] = (personal_base if same_weights(base, personal_base)
+                                      else base, head)  # fmt: skip
+        correct = count_correct_each(models, self.data.test, self.device)
+        return {NUM_TEST: len(self.data.test), **correct}
+
+    def personal_parts(self) -> tuple[nn.Module, Forward]:
+        """The personal model as (base, head on base features)."""
+        return self.model.base, self.personal_head
 
     # ----------------------------------------------------- hooks for algorithms
     def personal_predict(self, x: torch.Tensor) -> torch.Tensor:
-        """The personal model's logits; by default ``personal_head`` on the shared base."""
-        return self.personal_head(self.model.base(x))
+        """The personal model's logits: its head on its base."""
+        base, head = self.personal_parts()
+        return head(base(x))
 
     def personal_head(self, features: torch.Tensor) -> torch.Tensor:
         """Personal prediction from base features: the sum of both heads' logits where the
@@ -206,6 +226,17 @@ class ClientProcedure:
             NUM_TRAINED_PARAMS: sum(self.trained_numel.values()),
             **extra,
         }
+
+
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    """Whether two modules compute the same function: the same structure and equal
+    parameters and buffers (then one pass serves both)."""
+    if a is b:
+        return True
+    ours, theirs = a.state_dict(), b.state_dict()
+    return ours.keys() == theirs.keys() and all(
+        ours[k].shape == theirs[k].shape and torch.equal(ours[k], theirs[k]) for k in ours
+    )
 
 
 def snapshot(params: Sequence[nn.Parameter]) -> list[torch.Tensor]:

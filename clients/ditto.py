@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
+from torch import nn
 
 from clients.base import PersonalEpochs, TrainResult, snapshot, squared_distance
 from clients.fedavg import FedAvgClient
@@ -17,6 +17,7 @@ from fedreg_app.config import at_least, option
 from fedreg_app.models import BASE, HEAD_G, SplitModel
 from fedreg_app.protocol import NUM_PROCESSED
 from fedreg_app.records import from_record, to_record
+from fedreg_app.training import Forward
 
 PERSONAL_MODEL = "ditto-personal"
 
@@ -66,5 +67,5 @@ class DittoClient(FedAvgClient):
         self.restore_personal(self.model.group_state(BASE, HEAD_G))
         self.personal.eval()
 
-    def personal_predict(self, x: torch.Tensor) -> torch.Tensor:
-        return self.personal(x)
+    def personal_parts(self) -> tuple[nn.Module, Forward]:
+        return self.personal.base, self.personal.head_g

@@ -48,7 +48,7 @@ FORMAT = 2
 ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
 RESUMABLE_CHANGES = frozenset(
-    {"num-server-rounds", "resume", "results-dir", "eval-every", "reply-timeout",
+    {"num-server-rounds", "resume", "results-dir", "eval-every", "global-eval", "reply-timeout",
      "min-train-replies", "device", "dataset-path", "state-dir"}
 )  # fmt: skip
 #: What the user can do about a checkpoint that cannot be trusted.

@@ -21,10 +21,12 @@ from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_state import VersionedState
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
+from fedreg_app.models import initial_model
 from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
+    GLOBAL_ARRAYS,
     HANDLER_SECONDS,
     METRICS,
     NUM_PARTITIONS,
@@ -37,6 +39,8 @@ from fedreg_app.protocol import (
 )
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import get_algorithm, load_config
+from fedreg_app.training import select_device
+from strategies.base import ModelParts
 
 DATASET_PATH = "dataset-path"
 STATE_DIR = "state-dir"
@@ -190,7 +194,7 @@ def timings(received: float, computed: float) -> dict[str, float]:
     return {COMPUTE_SECONDS: computed, HANDLER_SECONDS: time.perf_counter() - received}
 
 
-Work = Callable[[ClientProcedure, dict, int], tuple[dict, dict | None]]
+Work = Callable[[ClientProcedure, dict, int, Message], tuple[dict, dict | None]]
 
 
 def handle(msg: Message, context: Context, work: Work) -> Message:
@@ -202,19 +206,35 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
     with persistent_state(msg, context, setup, resets):
         procedure, arrays, server_round = procedure_for(setup, msg)
         started = time.perf_counter()
-        metrics, reply_arrays = work(procedure, arrays, server_round)
+        metrics, reply_arrays = work(procedure, arrays, server_round, msg)
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
     seconds = timings(received, time.perf_counter() - started)
     return reply(msg, procedure, {**metrics, STATE_RESETS: len(resets)}, seconds, **records)
 
 
-def train_work(procedure: ClientProcedure, arrays: dict, server_round: int) -> tuple:
+def train_work(procedure: ClientProcedure, arrays: dict, server_round: int, msg: Message) -> tuple:
     result = procedure.train(arrays, server_round)
     return result.metrics, result.arrays
 
 
-def evaluate_work(procedure: ClientProcedure, arrays: dict, server_round: int) -> tuple:
-    return procedure.evaluate(arrays, server_round), None
+def evaluate_work(
+    procedure: ClientProcedure, arrays: dict, server_round: int, msg: Message
+) -> tuple:
+    """Personal and (when the server sends the rest of it) global model, one pass."""
+    global_parts = None
+    if GLOBAL_ARRAYS in msg.content.array_records:
+        whole = {**arrays, **from_record(msg.content[GLOBAL_ARRAYS])}
+        global_parts = global_model_parts(procedure.setup, whole)
+    return procedure.evaluate(arrays, server_round, global_parts), None
+
+
+def global_model_parts(setup: ClientSetup, arrays: dict) -> ModelParts:
+    """The global model, built exactly as the server's strategy builds it (the same
+    code: e.g. GPFL's head on the valve conditioned by the mean condition)."""
+    strategy = get_algorithm(setup.config.algo).strategy(setup.config)
+    model = initial_model(setup.info, setup.config).to(select_device(setup.config.device))
+    strategy.prepare_model(model)
+    return strategy.global_parts(model, arrays)
 
 
 @app.train()

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 THRESHOLD_STATISTICS = ("mean", "median", "max", "secmin")
 AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
+GLOBAL_EVALS = ("auto", "clients", "server")
 HEAD_DEPTHS = (1, 2, 3)
 MODELS = ("convnet", "mlp", "cnn", "charlstm")
 PARTITIONS = ("dirichlet", "dirichlet-topup", "shard", "natural")
@@ -104,6 +105,10 @@ class RunConfig:
     threshold: str = "mean"
     augment: str = "simple"
     eval_every: int = 1
+    #: Who evaluates the global model: the clients, each on its test split (the server
+    #: sums the counts), or the ServerApp on its own copy of the union test set; "auto":
+    #: the algorithm's choice (clients, except LG-FedAvg).
+    global_eval: str = "auto"
     results_dir: str = "results"
     device: str = "auto"
     state_dir: str = ""
@@ -193,6 +198,8 @@ class RunConfig:
             )
         if self.augment not in AUGMENTATIONS:
             _fail("augment", self.augment, f"one of {', '.join(AUGMENTATIONS)}")
+        if self.global_eval not in GLOBAL_EVALS:
+            _fail("global-eval", self.global_eval, f"one of {', '.join(GLOBAL_EVALS)}")
         if self.device not in DEVICES:
             _fail("device", self.device, f"one of {', '.join(DEVICES)}")
         threshold_statistic_or_count(self.threshold)

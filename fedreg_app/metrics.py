@@ -86,6 +86,8 @@ class RoundRecord:
     #: Personal accuracy over the clients that answered (equal to ``personal_accuracy``
     #: when all did), and how much of the federation that covers.
     personal_accuracy_answered: float | None = None
+    #: The global model over the clients that answered (where clients evaluate it).
+    global_accuracy_answered: float | None = None
     personal_coverage: dict[str, int] | None = None
     #: Client private-state files found corrupt this round (moved aside, started afresh).
     state_resets: int = 0

@@ -11,6 +11,9 @@ import re
 
 # Records of a message's RecordDict.
 ARRAYS = "arrays"
+#: Evaluation messages: the parts of the global model a client does not receive for its
+#: own use (e.g. FedPer's averaged head), so that it can evaluate the global model too.
+GLOBAL_ARRAYS = "global-arrays"
 METRICS = "metrics"
 CONFIG = "config"
 
@@ -30,6 +33,7 @@ EFFECTIVE_EXAMPLES = "effective-examples"  # FedReG's e_k
 # Evaluate-reply metrics.
 NUM_TEST = "num-test"
 PERSONAL_CORRECT = "personal-correct"
+GLOBAL_CORRECT = "global-correct"  # the global model on the client's test split
 # Cost metrics of every reply (FedSeq-style comparisons, edge budgets).
 NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this round
 COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)

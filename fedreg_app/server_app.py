@@ -259,8 +259,13 @@ def run_phase(
     partition_of = {m.metadata.dst_node_id: partitions.partition_of(m.metadata.dst_node_id)
                     for m in messages}  # fmt: skip
     answered = set()
-    for reply in grid.send_and_receive(messages, timeout=timeout or None):
-        node = reply.metadata.src_node_id
+    replies = list(grid.send_and_receive(messages, timeout=timeout or None))
+    # Pushing gives each message its id; an error the SuperLink makes for a node that
+    # vanished comes from the SuperLink itself, and only its reply-to id names the node.
+    node_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in messages
+                       if m.metadata.message_id}  # fmt: skip
+    for reply in replies:
+        node = node_of_message.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
         answered.add(node)
         pid = partition_of.get(node)
         if reply.has_error():
@@ -351,10 +356,11 @@ def train_round(
 
 def evaluate_round(
     grid: Grid, config: RunConfig, strategy: PersonalizedStrategy, server_round: int,
-    arrays: ArrayRecord, model: SplitModel, test_set: TensorData,
+    arrays: ArrayRecord, model: SplitModel, test_set: TensorData | None,
 ) -> Evaluation:  # fmt: skip
-    """Every client's personal model on its own test split, then the global model on the
-    union of the splits (server side)."""
+    """Every client's personal model, and the global model, on its own test split (the
+    union of the splits is the global test set); or, where the strategy says so, the
+    global model on the ServerApp's own copy of the union."""
     started = time.perf_counter()
     if not config.is_eval_round(server_round):
         return Evaluation(Phase("evaluate"))
@@ -364,7 +370,10 @@ def evaluate_round(
     phase.check_usable(server_round)
     personal = dict(strategy.aggregate_evaluate(server_round, phase.accepted) or {})
     evaluated = time.perf_counter()
-    accuracy = global_accuracy(strategy, model, arrays, test_set)
+    if test_set is None:  # the clients did it
+        accuracy = personal.get("global-accuracy")
+    else:
+        accuracy = global_accuracy(strategy, model, arrays, test_set)
     phase.seconds = time.perf_counter() - started
     return Evaluation(phase, personal, accuracy, time.perf_counter() - evaluated)
 
@@ -374,7 +383,7 @@ def run_rounds(
     config: RunConfig,
     strategy: PersonalizedStrategy,
     model: SplitModel,
-    test_set: TensorData,
+    test_set: TensorData | None,
     writer: ResultsWriter,
     arrays: ArrayRecord,
     first_round: int = 1,
@@ -384,8 +393,9 @@ def run_rounds(
         training, arrays, train_metrics = train_round(grid, config, strategy, server_round,
                                                       arrays)  # fmt: skip
         evaluation = evaluate_round(grid, config, strategy, server_round, arrays, model, test_set)
+        total = strategy.known_test_samples() if test_set is None else len(test_set)
         record = round_record(server_round, training, evaluation, train_metrics, strategy,
-                              len(test_set))  # fmt: skip
+                              total)  # fmt: skip
         writer.run.update(strategy.report())
         writer.add(record)
         save_checkpoint(writer.folder, server_round, arrays, strategy, config)
@@ -414,7 +424,9 @@ def save_checkpoint(
     ).save(folder)
 
 
-def coverage(evaluation: Evaluation, num_clients: int, num_test: int) -> dict[str, int] | None:
+def coverage(
+    evaluation: Evaluation, num_clients: int, num_test: int | None
+) -> dict[str, int | None] | None:
     """How much of the federation the personal figure covers."""
     if not evaluation.phase.sent and not evaluation.personal:
         return None
@@ -432,14 +444,16 @@ def round_record(
     evaluation: Evaluation,
     train_metrics: dict[str, Any],
     strategy: PersonalizedStrategy,
-    num_test: int,
+    num_test: int | None,
 ) -> RoundRecord:
     """The round's record, built once from its two phases. The personal accuracy is the
     all-client figure only when every client answered; otherwise it is null and the
-    partial figure is ``personal_accuracy_answered``."""
+    partial figure is ``personal_accuracy_answered``. The same holds for the global
+    accuracy where the clients compute it."""
     personal = evaluation.personal
     covered = coverage(evaluation, strategy.num_partitions, num_test)
     complete = covered is not None and covered["clients"] == covered["of_clients"]
+    on_clients = strategy.global_on_clients
     client_accuracies = None
     if personal:
         partitions, accuracies = personal["client-partitions"], personal["client-accuracies"]
@@ -452,7 +466,8 @@ def round_record(
 
     return RoundRecord(
         round=server_round,
-        global_accuracy=evaluation.global_accuracy,
+        global_accuracy=evaluation.global_accuracy if complete or not on_clients else None,
+        global_accuracy_answered=evaluation.global_accuracy,
         personal_accuracy=personal.get("personal-accuracy") if complete else None,
         personal_accuracy_std=personal.get("personal-accuracy-std") if complete else None,
         train_seconds=round(training.seconds, 3),
@@ -522,7 +537,7 @@ class RunSetup:
     config: RunConfig
     strategy: PersonalizedStrategy
     model: SplitModel
-    test_set: TensorData
+    test_set: TensorData | None  # only where the ServerApp evaluates the global model
     writer: ResultsWriter
     arrays: ArrayRecord
     first_round: int
@@ -563,7 +578,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     check_federation(config, strategy, facts, algorithm.client.keeps_state())
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
-    test_set = load_union_test_set(key)
+    test_set = None if strategy.global_on_clients else load_union_test_set(key)
     model = initial_model(info, config).to(select_device(config.device))
     strategy.prepare_model(model)
     run_info = {
@@ -572,7 +587,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         "num_clients": partitions.num_partitions,
         "num_classes": info.num_classes,
         "image_shape": [info.channels, info.height, info.width],
-        "global_test_size": len(test_set),
+        "global_evaluation": "clients" if test_set is None else "server",
     }
     if checkpoint is None:
         writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),

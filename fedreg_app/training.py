@@ -7,7 +7,7 @@ parameters that must not move, SGD with momentum.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -90,12 +90,31 @@ def train_epochs(
     return processed
 
 
-@torch.no_grad()
-def count_correct(
-    predict: Callable[[torch.Tensor], torch.Tensor], data: TensorData, device: torch.device
-) -> int:
+Forward = Callable[[torch.Tensor], torch.Tensor]
+
+
+def count_correct(predict: Forward, data: TensorData, device: torch.device) -> int:
     """Number of samples whose arg-max prediction equals the label."""
-    correct = 0
+    return count_correct_each({"only": (predict, _identity)}, data, device)["only"]
+
+
+def _identity(features: torch.Tensor) -> torch.Tensor:
+    return features
+
+
+@torch.inference_mode()
+def count_correct_each(
+    models: Mapping[str, tuple[Forward, Forward]], data: TensorData, device: torch.device
+) -> dict[str, int]:
+    """Correct counts of several models, each given as (features, head), in one pass over
+    the data: each batch is moved and normalised once, and models that name the same
+    features function (the same base, e.g. a client's personal and global model) compute
+    the features once."""
+    correct = dict.fromkeys(models, 0)
     for x, y in batches(data, EVAL_BATCH_SIZE, None, device):
-        correct += int((predict(x).argmax(dim=1) == y).sum())
+        features: dict[int, torch.Tensor] = {}
+        for name, (extract, head) in models.items():
+            if id(extract) not in features:
+                features[id(extract)] = extract(x)
+            correct[name] += int((head(features[id(extract)]).argmax(dim=1) == y).sum())
     return correct

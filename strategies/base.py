@@ -19,6 +19,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
+from torch import nn
 
 from fedreg_app.config import RunConfig
 from fedreg_app.models import BASE, HEAD_G, SplitModel, group_of
@@ -27,6 +28,8 @@ from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
+    GLOBAL_ARRAYS,
+    GLOBAL_CORRECT,
     HANDLER_SECONDS,
     METRICS,
     NUM_EXAMPLES,
@@ -55,6 +58,8 @@ def normalised(weights: list[float], what: str) -> list[float]:
 
 
 Update = tuple[Mapping[str, np.ndarray], Mapping[str, float]]
+#: A model as (base, head on base features).
+ModelParts = tuple[nn.Module, Callable[[torch.Tensor], torch.Tensor]]
 
 
 def aggregation_weights(
@@ -96,6 +101,10 @@ class PersonalizedStrategy(Strategy):
     group_weights: Mapping[str, str] = {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES}
     #: The groups clients receive; None: the whole global model.
     sent_groups: tuple[str, ...] | None = None
+    #: Whether clients evaluate the global model on their test splits (the server sums
+    #: the counts) or the ServerApp evaluates it on its own copy of the union test set
+    #: (where sending the global model to every client would cost too much, LG-FedAvg).
+    global_on_clients: bool = True
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -106,6 +115,10 @@ class PersonalizedStrategy(Strategy):
         self.partitions = PartitionMap(0)
         self.last_sampled: list[int] = []
         self._current: dict[str, np.ndarray] = {}
+        #: Each partition's test-split size, as its evaluation replies gave it.
+        self.test_sizes: dict[int, int] = {}
+        if config.global_eval != "auto":
+            self.global_on_clients = config.global_eval == "clients"
         #: Names the clients' on-disk state for this run (set by the ServerApp).
         self.state_key = ""
 
@@ -178,14 +191,21 @@ class PersonalizedStrategy(Strategy):
         """Add algorithm-specific modules (under ``model.extra``) to the server's model
         before the initial arrays are taken; nothing by default."""
 
+    def global_parts(self, model: SplitModel, arrays: Mapping[str, np.ndarray]) -> ModelParts:
+        """The global model as (base, head on base features), with the aggregated arrays
+        loaded into ``model``: head_g(base(x)) by default. The clients evaluate it with
+        the same code (and share the base's pass with their personal model when the
+        weights are the same)."""
+        model.load_group_state(dict(arrays), BASE, HEAD_G)
+        model.eval()
+        return model.base, model.head_g
+
     def global_predictor(
         self, model: SplitModel, arrays: Mapping[str, np.ndarray]
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The global model's forward for server-side evaluation: head_g(base(x)) by
-        default, with the aggregated arrays loaded into ``model``."""
-        model.load_group_state(dict(arrays), BASE, HEAD_G)
-        model.eval()
-        return model
+        """The global model's forward: its head on its base."""
+        base, head = self.global_parts(model, arrays)
+        return lambda x: head(base(x))
 
     # ------------------------------------------------------------ training
     def arrays_to_send(
@@ -272,21 +292,28 @@ class PersonalizedStrategy(Strategy):
             return []
         config[SERVER_ROUND] = server_round
         config[STATE_KEY] = self.state_key
-        sent = to_record(self.arrays_to_send(from_record(arrays), None))
-        record = RecordDict({ARRAYS: sent, CONFIG: config})
+        everything = from_record(arrays)
+        sent = self.arrays_to_send(everything, None)
+        record = RecordDict({ARRAYS: to_record(sent), CONFIG: config})
+        if self.global_on_clients:  # the rest of the global model, for its evaluation
+            rest = {k: v for k, v in everything.items() if k not in sent}
+            record[GLOBAL_ARRAYS] = to_record(rest)
         return self._messages(self.partitions.available(), record, MessageType.EVALUATE)
 
     def eval_reply_problem(self, msg: Message, partition_id: int) -> str:
-        """Why an evaluation reply cannot be counted ("" if it can)."""
+        """Why an evaluation reply cannot be counted ("" if it can): sound counts, none
+        above the number of test samples."""
         if METRICS not in msg.content.metric_records:
             return "reply lacks its metrics"
         metrics = msg.content[METRICS]
-        problem = reply_metrics_problem(metrics, partition_id, (NUM_TEST, PERSONAL_CORRECT))
+        counted = [PERSONAL_CORRECT, *([GLOBAL_CORRECT] if self.global_on_clients else [])]
+        problem = reply_metrics_problem(metrics, partition_id, (NUM_TEST, *counted))
         if problem:
             return problem
-        correct, total = metrics[PERSONAL_CORRECT], metrics[NUM_TEST]
-        if correct > total or total < 1:
-            return f"{PERSONAL_CORRECT}={correct} of {NUM_TEST}={total}"
+        total = metrics[NUM_TEST]
+        for key in counted:
+            if metrics[key] > total or total < 1:
+                return f"{key}={metrics[key]} of {NUM_TEST}={total}"
         return ""
 
     def aggregate_evaluate(
@@ -299,7 +326,18 @@ class PersonalizedStrategy(Strategy):
         results = sorted(
             (dict(msg.content[METRICS]) for msg in valid), key=lambda m: m[PARTITION_ID]
         )
-        return MetricRecord({**personal_metrics(results), **cost_totals(results)})
+        self.test_sizes.update((int(r[PARTITION_ID]), int(r[NUM_TEST])) for r in results)
+        summary = {**personal_metrics(results), **cost_totals(results)}
+        if self.global_on_clients:
+            correct = sum(int(r[GLOBAL_CORRECT]) for r in results)
+            summary["global-accuracy"] = correct / summary["num-test"]
+        return MetricRecord(summary)
+
+    def known_test_samples(self) -> int | None:
+        """The size of the union test set, once every partition's split size is known."""
+        if len(self.test_sizes) < self.num_partitions:
+            return None
+        return sum(self.test_sizes.values())
 
     def summary(self) -> None:
         log(INFO, "\t├──> %s: %s", type(self).__name__, dict(self.group_weights))

@@ -8,14 +8,14 @@ personal conditions (see ``clients/gpfl.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
-import torch
 
 from clients.gpfl import attach_gpfl_modules, condition_input, conditioned_head
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel
 from fedreg_app.protocol import NUM_EXAMPLES
+from strategies.base import ModelParts
 from strategies.fedper import FedPerStrategy
 
 
@@ -26,12 +26,9 @@ class GPFLStrategy(FedPerStrategy):
     def prepare_model(self, model: SplitModel) -> None:
         attach_gpfl_modules(model, self.config.seed)
 
-    def global_predictor(
-        self, model: SplitModel, arrays: Mapping[str, np.ndarray]
-    ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """x -> head(CoV(base(x), p_mean)) with the server's aggregated arrays."""
+    def global_parts(self, model: SplitModel, arrays: Mapping[str, np.ndarray]) -> ModelParts:
+        """base, and z -> head(CoV(z, p_mean)), with the server's aggregated arrays."""
         self.prepare_model(model)  # idempotent: the ServerApp has usually done it
         model.load_group_state(dict(arrays), BASE, HEAD_G, EXTRA)
         model.eval()
-        predict = conditioned_head(model, condition_input(model).personal)
-        return lambda x: predict(model.base(x))
+        return model.base, conditioned_head(model, condition_input(model).personal)

@@ -9,3 +9,6 @@ from strategies.fedper import FedPerStrategy
 
 class LGFedAvgStrategy(FedPerStrategy):
     sent_groups = (HEAD_G,)
+    #: The global model's base never goes to clients: evaluating it there would send the
+    #: whole base to every client each evaluation round; the ServerApp evaluates it.
+    global_on_clients = False

@@ -102,7 +102,12 @@ def test_a_killed_supernode_rejoins_with_its_private_head(
             run.kill()
     results = results_in(results_dir)
     log = (tmp_path / "run.log").read_text()
-    assert results["run"]["status"] == "completed", log[-3000:]
+    # the round the node died in is recorded, with the node and its partition: the run is
+    # degraded, not completed
+    assert results["run"]["status"] == "degraded", log[-3000:]
+    failed = [e for r in results["rounds"] for e in r["errors"]]
+    assert failed and all(e["partitions"] == [1] for e in failed), failed
+    assert "Node Unavailable" in failed[0]["error"]
     assert len(results["rounds"]) == 4
     assert all(r["num_train_examples"] > 0 for r in results["rounds"])
     # partition 1 trained again after coming back, starting from the head it left on disk

@@ -301,3 +301,22 @@ def test_a_crafted_state_key_cannot_reach_outside_the_state_dir(
     assert not (state_dir / "runs").exists()  # no private state written or read anywhere
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["inner"]
     assert not list(Path("/tmp").glob("abs*")) or not Path("/tmp/abs").exists()
+
+
+# ------------------------------------------------------------ evaluation paths
+@pytest.mark.parametrize("algo", ["fedreg", "fedper", "gpfl", "fedbabu", "ditto"])
+def test_clients_evaluating_the_global_model_give_the_servers_numbers(
+    algo: str, base: dict[str, Any], tmp_path: Path
+) -> None:
+    """The global model evaluated by each client on its test split, the counts summed by
+    the server, equals the ServerApp's own pass over the union of the splits, round by
+    round and exactly; the ServerApp then holds no test data."""
+    config = {**base, "algo": algo, "finetune-epochs": 1, "personal-epochs": 1}
+    for where in ("server", "clients"):
+        run_server({**config, "global-eval": where, "results-dir": str(tmp_path / where)})
+    server, clients = results(tmp_path / "server"), results(tmp_path / "clients")
+    assert server["run"]["global_evaluation"] == "server"
+    assert clients["run"]["global_evaluation"] == "clients"
+    assert per_round(clients) == per_round(server)
+    sizes = {r["personal_coverage"]["of_test_samples"] for r in clients["rounds"]}
+    assert sizes == {r["personal_coverage"]["of_test_samples"] for r in server["rounds"]}
