@@ -122,7 +122,9 @@ def model_bytes(*groups: str) -> int:
 def check_costs(algo: str, rounds: list[dict]) -> None:
     """Every round records traffic, trained parameters and client time; FedAvg, FedPer and
     FedBABU send exactly what they should: 2 sampled clients train, all 4 evaluate in
-    round 2."""
+    round 2, and an evaluation message carries the whole global model (what the client
+    uses, plus the rest for evaluating the global model: FedPer's averaged head,
+    FedBABU's fixed head)."""
     for record in rounds:
         assert record["bytes_to_clients"] > 0 and record["bytes_from_clients"] > 0
         assert record["trained_parameters"] > 0
@@ -131,7 +133,8 @@ def check_costs(algo: str, rounds: list[dict]) -> None:
     if sent:
         size = model_bytes(*sent)
         assert rounds[0]["bytes_to_clients"] == 2 * size  # training only
-        assert rounds[1]["bytes_to_clients"] == (2 + 4) * size  # training + evaluation
+        whole = model_bytes(BASE, HEAD_G)
+        assert rounds[1]["bytes_to_clients"] == 2 * size + 4 * whole  # train + evaluate
         assert [r["train_bytes_to_clients"] for r in rounds] == [2 * size] * 3
     if algo == "fedavg":
         assert rounds[0]["bytes_from_clients"] == 2 * model_bytes(BASE, HEAD_G)
