@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from fedreg_app.config import threshold_statistic_or_count
-from fedreg_app.data import TensorData, load_checked_arrays, read_cache
-from fedreg_app.persist import save_arrays
+from fedreg_app.data import TensorData
+from fedreg_app.persist import load_checked_arrays, read_cache, save_arrays
 
 if TYPE_CHECKING:
     from torchvision.transforms import v2

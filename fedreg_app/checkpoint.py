@@ -28,7 +28,6 @@ import io
 import json
 import re
 import shutil
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,14 @@ from typing import Any
 import numpy as np
 
 from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.persist import fsync_folder, load_arrays, save_json, write_atomic
+from fedreg_app.persist import (
+    READ_ERRORS,
+    file_sha256,
+    fsync_folder,
+    load_checked_arrays,
+    save_json,
+    write_atomic,
+)
 
 FOLDER = "checkpoint"
 STATE = "state.json"
@@ -53,8 +59,6 @@ RESUMABLE_CHANGES = frozenset(
 )  # fmt: skip
 #: What the user can do about a checkpoint that cannot be trusted.
 REMEDY = "resume from another run folder, or start the run anew without resume"
-#: What reading a damaged file can raise (numpy, zipfile, json, the file system).
-READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
 
 
 @dataclass
@@ -162,14 +166,6 @@ def _body_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
 
 
-def _file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _read_state(path: Path) -> dict[str, Any]:
     """``state.json`` as a dict, checked against its own hash when it has one."""
     try:
@@ -207,7 +203,7 @@ def _verify(path: Path, expected: Mapping[str, Any]) -> None:
     size = path.stat().st_size
     if size != expected.get("size"):
         raise _fail(path, f"has {size} bytes, expected {expected.get('size')} (truncated?)")
-    if _file_hash(path) != expected.get("sha256"):
+    if file_sha256(path) != expected.get("sha256"):
         raise _fail(path, "does not match the sha256 in state.json (damaged on disk)")
 
 
@@ -216,14 +212,9 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise _fail(path, "is missing")
     try:
-        with zipfile.ZipFile(path) as archive:
-            bad = archive.testzip()
-        if bad is None:
-            return load_arrays(path)
-        problem = f"has a damaged member {bad!r} (CRC mismatch)"
+        return load_checked_arrays(path)
     except READ_ERRORS as err:
-        problem = f"is not a readable .npz file ({type(err).__name__}: {err})"
-    raise _fail(path, problem)
+        raise _fail(path, f"is not a readable .npz file ({type(err).__name__}: {err})") from None
 
 
 def _field(state: Mapping[str, Any], key: str, kind: type, path: Path) -> Any:

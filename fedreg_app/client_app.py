@@ -82,12 +82,6 @@ class NodeSettings:
         )
 
 
-def node_partition(context: Context) -> tuple[int, int]:
-    """(partition-id, num-partitions) from the node config."""
-    node = NodeSettings.from_context(context)
-    return node.partition_id, node.num_partitions
-
-
 def state_dir_of(node: NodeSettings, config: RunConfig) -> Path | None:
     """The node's own ``state-dir``, else the run config's (simulation: one machine)."""
     folder = node.state_dir or config.state_dir

@@ -23,13 +23,11 @@ Nothing is unpickled (``.npz`` without object arrays, JSON).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-import time
 import urllib.parse
 import zipfile
 from collections.abc import Mapping
@@ -38,7 +36,14 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, RecordDict
 
-from fedreg_app.persist import fsync_folder, load_arrays, save_arrays, write_text_atomic
+from fedreg_app.persist import (
+    file_sha256,
+    fsync_folder,
+    load_arrays,
+    quarantine,
+    save_arrays,
+    write_text_atomic,
+)
 from fedreg_app.records import from_record, to_record
 
 logger = logging.getLogger(__name__)
@@ -49,10 +54,6 @@ PREFIX = "round-"
 
 def version_name(server_round: int) -> str:
     return f"{PREFIX}{server_round:06d}"
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @dataclass
@@ -113,7 +114,7 @@ class VersionedState:
         for name, entry in entries.items():
             path = folder / str(entry.get("file", ""))
             try:
-                if path.parent != folder or file_digest(path) != entry.get("sha256"):
+                if path.parent != folder or file_sha256(path) != entry.get("sha256"):
                     raise ValueError("hash mismatch")
                 record = to_record(load_arrays(path))
             except (OSError, ValueError, zipfile.BadZipFile, EOFError):
@@ -144,7 +145,7 @@ class VersionedState:
                 os.link(previous[1], path)  # the same bytes: no second write
             else:
                 save_arrays(path, from_record(record))
-            manifest[name] = {"file": path.name, "sha256": file_digest(path)}
+            manifest[name] = {"file": path.name, "sha256": file_sha256(path)}
         write_text_atomic(staging / MANIFEST, json.dumps({"round": server_round,
                                                           "records": manifest}))  # fmt: skip
         target = self.folder / version_name(server_round)
@@ -169,5 +170,4 @@ class VersionedState:
     def _set_aside(self, path: Path) -> None:
         """Keep the bad file for inspection beside the versions (which get deleted)."""
         if path.exists():
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            path.rename(self.folder / f"{path.parent.name}-{path.name}.corrupt-{stamp}")
+            quarantine(path, keep_as=self.folder / f"{path.parent.name}-{path.name}")

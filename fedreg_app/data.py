@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
-import time
-import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
-from logging import WARNING
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from flwr.common import log
 from PIL import Image
 
 from fedreg_app.config import SECOND_SPLITS, ConfigError, RunConfig, check_dataset_path
-from fedreg_app.persist import digest, load_arrays, load_json, save_arrays, save_json
+from fedreg_app.persist import (
+    digest,
+    load_checked_arrays,
+    load_json,
+    read_cache,
+    save_arrays,
+    save_json,
+)
 
 if TYPE_CHECKING:  # imported where used: a deployed client whose partition is already on
     # disk never loads them (about 4 s and 300 MB per message on a one-core device)
@@ -50,9 +51,6 @@ TEST_FRACTION = 0.25
 IMAGE, TEXT = "image", "text"
 #: What to do about a dataset file that cannot be read.
 DATA_REMEDY = "re-download or re-convert it (see README, 'Datasets and models')"
-#: What reading a damaged cache file can raise (numpy, zipfile, json, the file system).
-CACHE_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
-T = TypeVar("T")
 
 #: LEAF Shakespeare's vocabulary: newline, space, 14 punctuation marks, digits, letters.
 VOCABULARY = (
@@ -437,45 +435,6 @@ def load_union_test_set(key: PartitionKey) -> TensorData:
         _to_tensors(client_splits(key, pid)["test"], channels) for pid in range(key.num_partitions)
     ]
     return TensorData(x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]))
-
-
-def quarantine(path: Path, why: str) -> None:
-    """Move a damaged cache file aside as ``<name>.corrupt-<timestamp>`` (kept for a look,
-    never read again), so that its caller rebuilds it from the source data."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
-    while aside.exists():
-        n += 1
-        aside = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-    try:
-        os.replace(path, aside)
-    except FileNotFoundError:  # another process moved it first
-        return
-    log(WARNING, "cache file %s is damaged (%s): moved aside as %s, rebuilding it from the "
-        "source data", path, why, aside.name)  # fmt: skip
-
-
-def read_cache(path: Path, read: Callable[[Path], T]) -> T | None:
-    """A derived file of a node's cache, or None if it is missing or damaged (a damaged
-    one is moved aside): the cache is rebuilt from the source data, which is always
-    correct, rather than trusted or fatal."""
-    if not path.exists():
-        return None
-    try:
-        return read(path)
-    except CACHE_READ_ERRORS as err:
-        quarantine(path, f"{type(err).__name__}: {err}")
-        return None
-
-
-def load_checked_arrays(path: Path) -> dict[str, np.ndarray]:
-    """``load_arrays`` after checking every zip member's CRC, so that damage anywhere in
-    the file (numpy's headers included) is an error rather than wrong numbers."""
-    with zipfile.ZipFile(path) as archive:
-        bad = archive.testzip()
-    if bad is not None:
-        raise zipfile.BadZipFile(f"member {bad!r} fails its CRC check")
-    return load_arrays(path)
 
 
 def _read_info(path: Path) -> DatasetInfo:

@@ -1,8 +1,9 @@
-"""Files that outlive a process: a node's private state, its decoded data, the server's
-checkpoint. Arrays go to ``.npz`` and metadata to JSON, both written atomically (a
-temporary file, then a rename) and read without unpickling anything
-(``np.load(allow_pickle=False)``), so a file can be trusted as far as its bytes go and a
-crash mid-write leaves the previous version in place.
+"""Files that outlive a process (a node's private state and decoded data, the server's
+checkpoint, results): the primitives every writer and reader of them shares. Arrays go
+to ``.npz`` and metadata to JSON, both written atomically (a unique temporary file,
+fsynced, then a rename) and read without unpickling anything
+(``np.load(allow_pickle=False)``); a damaged file is detected (CRCs, hashes) and moved
+aside rather than trusted.
 """
 
 from __future__ import annotations
@@ -11,11 +12,19 @@ import hashlib
 import json
 import os
 import tempfile
+import time
+import zipfile
 from collections.abc import Callable, Mapping
+from logging import WARNING
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
+from flwr.common import log
+
+#: What reading a damaged file can raise (numpy, zipfile, json, the file system).
+READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
+T = TypeVar("T")
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -78,3 +87,55 @@ def load_json(path: Path) -> Any:
 def digest(*parts: Any) -> str:
     """A short stable name for a tuple of settings (folder names of caches)."""
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in chunks."""
+    sha = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def load_checked_arrays(path: Path) -> dict[str, np.ndarray]:
+    """``load_arrays`` after checking every zip member's CRC, so that damage anywhere in
+    the file (numpy's headers included) is an error rather than wrong numbers."""
+    with zipfile.ZipFile(path) as archive:
+        bad = archive.testzip()
+    if bad is not None:
+        raise zipfile.BadZipFile(f"member {bad!r} fails its CRC check")
+    return load_arrays(path)
+
+
+def quarantine(path: Path, keep_as: Path | None = None) -> Path | None:
+    """Move a damaged file aside as ``<name>.corrupt-<timestamp>`` (beside it, or named
+    after ``keep_as``), kept for a look and never read again. Returns where it went (None
+    if another process moved it first)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = keep_as or path
+    aside, n = base.with_name(f"{base.name}.corrupt-{stamp}"), 1
+    while aside.exists():
+        n += 1
+        aside = base.with_name(f"{base.name}.corrupt-{stamp}-{n}")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:
+        return None
+    return aside
+
+
+def read_cache(path: Path, read: Callable[[Path], T]) -> T | None:
+    """A derived file of a node's cache, or None if it is missing or damaged (a damaged
+    one is moved aside): the cache is rebuilt from the source data, which is always
+    correct, rather than trusted or fatal."""
+    if not path.exists():
+        return None
+    try:
+        return read(path)
+    except READ_ERRORS as err:
+        aside = quarantine(path)
+        if aside is not None:
+            log(WARNING, "cache file %s is damaged (%s: %s): moved aside as %s, rebuilding it "
+                "from the source data", path, type(err).__name__, err, aside.name)  # fmt: skip
+        return None

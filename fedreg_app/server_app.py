@@ -3,9 +3,10 @@ through the algorithm's strategy and writes results after every round.
 
 The round loop mirrors Flower's ``Strategy.start`` (configure/aggregate train, then
 evaluate) and adds what this project needs: seeded sampling over partitions, evaluation
-every ``eval-every`` rounds on all clients, server-side global accuracy on the union test
-set, per-round timings, a check of every reply before it counts, and results that survive
-an interrupted run and say truthfully how it went (``completed``, ``degraded``, ``failed``).
+every ``eval-every`` rounds on all clients (the global model too, each client on its test
+split, or the ServerApp on the union of the splits), per-round timings, a check of every
+reply before it counts, and results that survive an interrupted run and say truthfully
+how it went (``completed``, ``degraded``, ``failed``).
 """
 
 from __future__ import annotations
@@ -269,7 +270,7 @@ def run_phase(
         answered.add(node)
         pid = partition_of.get(node)
         if reply.has_error():
-            problem = first_line(reply.error.reason) or f"error code {reply.error.code}"
+            problem = first_line(reply.error.reason)
         elif pid is None:
             problem = "a reply from a node no message was sent to"
         else:

@@ -28,6 +28,7 @@ import pytest
 
 from fedreg_app.deployment import LocalDeployment
 from fedreg_app.launcher import BIN, QUIET_OFFLINE_ENV, descendants, free_port, stop_process
+from tests.test_deployment import wait_for
 
 pytestmark = [
     pytest.mark.deployment,
@@ -144,14 +145,6 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
     except OSError:
         return "(gone)"
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"waited {timeout:.0f}s for {what}")
-        time.sleep(1.0)
 
 
 def base_env(**extra: str) -> dict[str, str]:

@@ -22,11 +22,10 @@ from fedreg_app.data import (
     PartitionKey,
     TensorData,
     data_cache_folder,
-    load_checked_arrays,
     load_info,
     node_data,
 )
-from fedreg_app.persist import save_arrays, save_json
+from fedreg_app.persist import load_checked_arrays, save_arrays, save_json
 
 RUN_CONFIG = {"algo": "fedreg", "seed": 3, "alpha": 0.1}
 
