@@ -5,8 +5,11 @@ same (possibly busy) machine.
 
 The client side is the real procedure (``procedure.train``: load the global arrays, train
 through ``fedreg_app.training``, export the reply's arrays). The bare loop is what one
-would write by hand: pre-normalised float tensors, ``randperm`` batches, SGD, cross
-entropy. One torch thread by default, as a Ray client actor with one CPU gets.
+would write by hand for the same computation: pre-normalised float tensors, ``randperm``
+batches, SGD, cross entropy; for FedReG its own two steps (step 1 on the original data
+through both heads, base and private head moving; step 2 on the rebalanced data through
+the global head, base and global head moving), for every other algorithm the plain
+model. One torch thread by default, as a Ray client actor with one CPU gets.
 
     python benchmarks/client_throughput.py --dataset-path ../shared/data/fashion_mnist
     python benchmarks/client_throughput.py --algo fedreg --repeats 5      # synthetic data
@@ -35,9 +38,10 @@ from fedreg_app.data import (
     load_info,
     normalise,
 )
-from fedreg_app.models import BASE, HEAD_G, SplitModel, build_model
+from fedreg_app.models import BASE, HEAD_G, HEAD_P, SplitModel, build_model
 from fedreg_app.protocol import NUM_PROCESSED
 from fedreg_app.registry import algorithm_names, get_algorithm, load_config
+from fedreg_app.training import Forward
 
 
 def client_data(args: argparse.Namespace, config: RunConfig) -> tuple[DatasetInfo, ClientData]:
@@ -53,21 +57,53 @@ def client_data(args: argparse.Namespace, config: RunConfig) -> tuple[DatasetInf
     return DatasetInfo(10, 1, 28, 28), ClientData(args.partition, data, data)
 
 
-def bare_loop(model: SplitModel, x: torch.Tensor, y: torch.Tensor, config: RunConfig) -> int:
-    """The hand-written loop: the whole model, float inputs prepared once."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
+def bare_steps(
+    model: SplitModel,
+    steps: list[tuple[list[torch.nn.Parameter], Forward, torch.Tensor, torch.Tensor]],
+    config: RunConfig,
+) -> int:
+    """The hand-written loop: for each step (parameters that move, forward pass, float
+    inputs prepared once, labels), a fresh SGD and ``local-epochs`` shuffled passes."""
     generator = torch.Generator().manual_seed(1)
     model.train()
     processed = 0
-    for _ in range(config.local_epochs):
-        order = torch.randperm(len(y), generator=generator)
-        for start in range(0, len(y), config.batch_size):
-            idx = order[start : start + config.batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            optimizer.step()
-            processed += len(idx)
+    for params, forward, x, y in steps:
+        moving = {id(p) for p in params}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in moving)
+        optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
+        for _ in range(config.local_epochs):
+            order = torch.randperm(len(y), generator=generator)
+            for start in range(0, len(y), config.batch_size):
+                idx = order[start : start + config.batch_size]
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(forward(x[idx]), y[idx]).backward()
+                optimizer.step()
+                processed += len(idx)
     return processed
+
+
+def bare_reference(
+    algo: str, info: DatasetInfo, config: RunConfig, data: ClientData, procedure
+) -> tuple[SplitModel, list]:
+    """The model and steps of the bare loop: FedReG's own two steps, else the plain model."""
+    x, y = normalise(data.train.x.clone()), data.train.y
+    if algo != "fedreg":
+        model = build_model(info, config.head_depth, config.seed, model=config.model)
+        return model, [(list(model.parameters()), model, x, y)]
+    model = build_model(info, config.head_depth, config.seed, private_head=True,
+                        model=config.model)  # fmt: skip
+    rebalanced = procedure.rebalanced().data
+    xr = rebalanced.x if rebalanced.x.dtype != torch.uint8 else normalise(rebalanced.x.clone())
+
+    def personal(inputs: torch.Tensor) -> torch.Tensor:
+        features = model.base(inputs)
+        return model.head_g(features) + model.head_p(features)
+
+    return model, [
+        (model.parameters_of(BASE, HEAD_P), personal, x, y),
+        (model.parameters_of(BASE, HEAD_G), model, xr, rebalanced.y),
+    ]
 
 
 def timed(fn) -> tuple[float, int]:
@@ -96,21 +132,23 @@ def main() -> None:
         run_config["dataset-path"] = args.dataset_path
     config = load_config(run_config)
     info, data = client_data(args, config)
-    global_arrays = build_model(info, config.head_depth, config.seed).group_state(BASE, HEAD_G)
-    x_float, y = normalise(data.train.x.clone()), data.train.y
+    global_arrays = build_model(
+        info, config.head_depth, config.seed, model=config.model
+    ).group_state(BASE, HEAD_G)
 
     procedure = get_algorithm(args.algo).client(
         ClientSetup(config, info, data, RecordDict())
     )  # one procedure across repeats: its per-process caches (rebalanced set) stay warm
     procedure.train(global_arrays, server_round=1)  # warm-up, builds caches, not timed
+    bare_steps(*bare_reference(args.algo, info, config, data, procedure), config)  # warm-up
     client_rates, bare_rates = [], []
     for repeat in range(args.repeats):
         seconds, processed = timed(
             lambda r=repeat: int(procedure.train(global_arrays, r + 2).metrics[NUM_PROCESSED])
         )
         client_rates.append(processed / seconds)
-        model = build_model(info, config.head_depth, config.seed)
-        seconds, processed = timed(lambda m=model: bare_loop(m, x_float, y, config))
+        model, steps = bare_reference(args.algo, info, config, data, procedure)
+        seconds, processed = timed(lambda m=model, s=steps: bare_steps(m, s, config))
         bare_rates.append(processed / seconds)
 
     client, bare = statistics.median(client_rates), statistics.median(bare_rates)
@@ -134,6 +172,12 @@ def main() -> None:
     print("rerun: python benchmarks/client_throughput.py " + " ".join(_argv(args)))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(
+        f"client_throughput: algo={args.algo} ratio={client / bare:.3f} "
+        f"client_per_s={client:.1f} bare_per_s={bare:.1f} train_samples={len(data.train)} "
+        f"batch={config.batch_size} threads={args.threads} repeats={args.repeats} "
+        f"model={config.model} real_data={bool(args.dataset_path)}"
+    )
 
 
 def _argv(args: argparse.Namespace) -> list[str]:

@@ -156,6 +156,12 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
+    print(
+        f"device_client: algo={args.algo} model={args.model} head_depth={args.head_depth} "
+        f"s_per_round={summary['seconds_per_round']:.2f} "
+        f"handler_s_per_round={summary['handler_seconds_per_round']:.2f} "
+        f"first_round_s={summary['first_round_s']:.2f} peak_rss_mib={summary['peak_rss_mib']:.0f}"
+    )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 GLOBAL_EVALS = ("auto", "clients", "server")
 HEAD_DEPTHS = (1, 2, 3)
-MODELS = ("convnet", "mlp", "cnn", "charlstm")
+MODELS = ("convnet", "mlp", "cnn", "fedavgcnn", "charlstm")
 PARTITIONS = ("dirichlet", "dirichlet-topup", "shard", "natural")
 #: Models whose head is a single Linear layer: ``head-depth`` must be 1.
 ONE_LAYER_HEADS = {"mlp": "input -> 100 -> classes", "charlstm": "LSTM -> Linear(256, vocab)"}

@@ -39,6 +39,12 @@ from fedreg_app.launcher import (
 
 CONNECTION = "local-deploy"
 
+#: A SuperNode's SuperExec asks for new work (a message to start a ``flwr-clientapp``
+#: process for) once a second by default; every message then waits half a second on
+#: average. Flower reads the interval from the environment (0.01-60 s); the
+#: environment's own value wins.
+TASK_POLL_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
+
 
 def _toml_value(value: Any) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value).lower()
@@ -69,6 +75,7 @@ class LocalDeployment:
         self.node_ports = [free_port() for _ in nodes]
         self.node_args: list[list[str]] = [[] for _ in nodes]
         self.env = {
+            **TASK_POLL_ENV,
             **os.environ,
             **QUIET_OFFLINE_ENV,
             **(extra_env or {}),

@@ -73,6 +73,9 @@ class RoundRecord:
     train_bytes_from_clients: int = 0
     client_compute_seconds: float = 0.0
     client_handler_seconds: float = 0.0
+    #: The slowest client handler of the training phase plus that of the evaluation
+    #: phase: a phase's wall time beyond it is transport (and, deployed, process start).
+    slowest_handlers_seconds: float = 0.0
     server_eval_seconds: float = 0.0
     sampled_clients: list[int] = field(default_factory=list)
     client_accuracies: dict[str, float] | None = None

@@ -123,6 +123,21 @@ def cnn_layers(info: DatasetInfo) -> list[nn.Module]:
     ]  # fmt: skip
 
 
+def fedavgcnn_layers(info: DatasetInfo) -> list[nn.Module]:
+    """PFLlib's ``FedAvgCNN`` (issue 13, side by side with peers): the same two convolutions
+    as ``cnn`` but 'valid' (no padding), so the flattened size is ``64 * 4 * 4 = 1024`` on
+    28x28 inputs and ``64 * 5 * 5 = 1600`` on 32x32, then Linear -> 512 -> classes. Same
+    parameter shapes and layer order as PFLlib's (conv1, conv2, fc1, fc)."""
+    flat = 64 * _conv_out(info.height) * _conv_out(info.width)
+    return [
+        nn.Conv2d(info.channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(flat, 512), nn.ReLU(),
+        nn.Linear(512, info.num_classes),
+    ]  # fmt: skip
+
+
 class CharEmbedding(nn.Embedding):
     """Embedding of int16 character indices (kept compact in memory, widened here)."""
 
@@ -157,10 +172,17 @@ MODELS = {
     "convnet": convnet_layers,
     "mlp": mlp_layers,
     "cnn": cnn_layers,
+    "fedavgcnn": fedavgcnn_layers,
     "charlstm": charlstm_layers,
 }
 #: The kind of data each model reads.
-MODEL_MODALITY = {"convnet": IMAGE, "mlp": IMAGE, "cnn": IMAGE, "charlstm": TEXT}
+MODEL_MODALITY = {
+    "convnet": IMAGE,
+    "mlp": IMAGE,
+    "cnn": IMAGE,
+    "fedavgcnn": IMAGE,
+    "charlstm": TEXT,
+}
 
 
 def check_model_fits(info: DatasetInfo, model: str) -> None:

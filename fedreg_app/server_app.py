@@ -71,7 +71,7 @@ def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, NodeFacts]:
         return {}
     queries = [Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
     answers = {}
-    for reply in grid.send_and_receive(queries, timeout=60):
+    for reply in exchange(grid, queries, timeout=60):
         node = reply.metadata.src_node_id
         if reply.has_error():
             log(WARNING, "node %d did not answer: %s", node, first_line(reply.error.reason))
@@ -240,6 +240,32 @@ class Phase:
 
 ReplyCheck = Callable[[Message, int], str]
 
+#: Between two pulls of replies: short while replies arrive, backing off to the longest
+#: when none do. Flower's ``send_and_receive`` sleeps a fixed 3 s between pulls, which a
+#: deployed round paid once per phase (``benchmarks/deployment_vs_simulation.py``).
+PULL_INTERVAL_S = (0.1, 1.0)
+
+
+def exchange(grid: Grid, messages: list[Message], timeout: float = 0.0) -> list[Message]:
+    """Push the messages and pull their replies as they arrive, until every message is
+    answered or ``timeout`` seconds (when > 0) have passed. A message the SuperLink did not
+    accept (its id comes back empty) gets no reply; the caller counts it as a failure."""
+    pending = {message_id for message_id in grid.push_messages(messages) if message_id}
+    deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
+    shortest, longest = PULL_INTERVAL_S
+    interval = shortest
+    replies: list[Message] = []
+    while pending:
+        arrived = list(grid.pull_messages(pending))
+        replies.extend(arrived)
+        pending -= {reply.metadata.reply_to_message_id for reply in arrived}
+        left = deadline - time.monotonic()
+        if not pending or left <= 0:
+            break
+        interval = shortest if arrived else min(longest, interval * 1.5)
+        time.sleep(min(interval, left))
+    return replies
+
 
 def run_phase(
     name: str,
@@ -260,7 +286,7 @@ def run_phase(
     partition_of = {m.metadata.dst_node_id: partitions.partition_of(m.metadata.dst_node_id)
                     for m in messages}  # fmt: skip
     answered = set()
-    replies = list(grid.send_and_receive(messages, timeout=timeout or None))
+    replies = exchange(grid, messages, timeout)
     # Pushing gives each message its id; an error the SuperLink makes for a node that
     # vanished comes from the SuperLink itself, and only its reply-to id names the node.
     node_of_message = {m.metadata.message_id: m.metadata.dst_node_id for m in messages
@@ -465,6 +491,9 @@ def round_record(
     def client_seconds(key: str) -> float:
         return round(float(train_metrics.get(key, 0.0)) + float(personal.get(key, 0.0)), 3)
 
+    def slowest(replies: list[dict]) -> float:
+        return max((float(m.get(HANDLER_SECONDS, 0.0)) for m in replies), default=0.0)
+
     return RoundRecord(
         round=server_round,
         global_accuracy=evaluation.global_accuracy if complete or not on_clients else None,
@@ -481,6 +510,7 @@ def round_record(
         train_bytes_from_clients=training.bytes_received,
         client_compute_seconds=client_seconds(COMPUTE_SECONDS),
         client_handler_seconds=client_seconds(HANDLER_SECONDS),
+        slowest_handlers_seconds=round(slowest(train_replies) + slowest(eval_metrics), 3),
         server_eval_seconds=round(evaluation.server_seconds, 3),
         sampled_clients=list(strategy.last_sampled),
         client_accuracies=client_accuracies,

@@ -42,6 +42,41 @@ def batches(
         yield (normalise(x) if x.dtype == torch.uint8 else x), data.y[idx].to(device)
 
 
+class MomentumSGD:
+    """SGD with momentum computed exactly as ``torch.optim.SGD`` does it (no dampening,
+    Nesterov or weight decay): the same tensor operations in the same order, so the
+    weights are bit-identical (``tests/test_training.py``).
+
+    Why not ``torch.optim.SGD`` itself: the first torch optimizer a process builds imports
+    ``torch._dynamo`` (its methods are wrapped to disable the compiler), about 2 s and
+    100 MB. A deployed SuperNode starts a fresh ClientApp process for every message, so
+    every training message paid it (``benchmarks/device_client.py``)."""
+
+    def __init__(self, params: Sequence[nn.Parameter], lr: float, momentum: float) -> None:
+        self.params = list(params)
+        self.lr, self.momentum = float(lr), float(momentum)
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        for param in self.params:
+            param.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for index, param in enumerate(self.params):
+            grad = param.grad
+            if grad is None:  # frozen in this step: it does not move, nor its momentum
+                continue
+            if self.momentum != 0:
+                buffer = self.buffers[index]
+                if buffer is None:
+                    buffer = self.buffers[index] = grad.detach().clone()
+                else:
+                    buffer.mul_(self.momentum).add_(grad, alpha=1)
+                grad = buffer
+            param.add_(grad, alpha=-self.lr)
+
+
 @contextmanager
 def only_trainable(model: nn.Module, trainable: Sequence[nn.Parameter]) -> Iterator[None]:
     """Switch off gradients of every other parameter: they neither move nor pay for
@@ -78,12 +113,12 @@ def train_epochs(
     if not trainable or len(data) == 0 or epochs == 0:
         return 0
     model.train()
-    optimizer = torch.optim.SGD(trainable, lr=lr, momentum=momentum)
+    optimizer = MomentumSGD(trainable, lr=lr, momentum=momentum)
     processed = 0
     with only_trainable(model, trainable):
         for _ in range(epochs):
             for x, y in batches(data, batch_size, generator, device):
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
                 loss_fn(x, y).backward()
                 optimizer.step()
                 processed += int(y.shape[0])

@@ -10,7 +10,7 @@ state, resume) with replies no honest client would send.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +61,18 @@ class InProcessGrid:
             for p in range(num_partitions)
         }  # fmt: skip
         self.delivered: list[tuple[str, int, int]] = []  # (phase, round, partition)
+        self.waiting: dict[str, Message] = {}  # replies not pulled yet, by message id
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
 
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterator[Message]:
-        replies = []
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        """Deliver each message at once (as Flower's push would, it gets its id first);
+        the replies wait for ``pull_messages``."""
+        ids = []
         for counted, msg in enumerate(messages, start=1):
+            msg.metadata.__dict__["_message_id"] = msg.object_id
+            ids.append(msg.metadata.message_id)
             context = self.contexts[msg.metadata.dst_node_id]
             phase = msg.metadata.message_type
             partition = int(context.node_config["partition-id"])
@@ -82,13 +85,16 @@ class InProcessGrid:
             if fault is not None:
                 reply = fault(msg, reply)
             if reply is not None:
-                replies.append(reply)
+                self.waiting[msg.metadata.message_id] = reply
                 self.delivered.append((phase, server_round, partition))
             if self.kill_after == (phase, server_round, counted):
                 raise ServerKilled(
                     f"killed after {counted} {phase} replies of round {server_round}"
                 )
-        return iter(replies)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        return [self.waiting.pop(i) for i in list(message_ids) if i in self.waiting]
 
 
 def run_server(

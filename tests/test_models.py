@@ -162,3 +162,50 @@ def test_load_entries_copies_only_what_is_given_and_rejects_unknown_keys() -> No
     assert all((model.group_state(HEAD_G)[k] == v).all() for k, v in untouched.items())
     with pytest.raises(KeyError, match="not in this model"):
         model.load_entries({"base.99.weight": first_layer["base.0.weight"]})
+
+
+def _pfllib_fedavgcnn_parameters(in_features: int, num_classes: int, dim: int) -> int:
+    """PFLlib's FedAvgCNN: conv1 (in->32, 5x5), conv2 (32->64, 5x5), fc1 (dim->512), fc."""
+    conv1 = in_features * 32 * 25 + 32
+    conv2 = 32 * 64 * 25 + 64
+    return conv1 + conv2 + dim * 512 + 512 + 512 * num_classes + num_classes
+
+
+@pytest.mark.parametrize(("channels", "size", "dim"), [(1, 28, 1024), (3, 32, 1600)])
+def test_fedavgcnn_is_pfllibs_fedavgcnn(channels: int, size: int, dim: int) -> None:
+    info = DatasetInfo(num_classes=10, channels=channels, height=size, width=size)
+    model = build_model(info, 1, 0, model="fedavgcnn")
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert shapes == {
+        "base.0.weight": (32, channels, 5, 5), "base.0.bias": (32,),
+        "base.3.weight": (64, 32, 5, 5), "base.3.bias": (64,),
+        "base.7.weight": (512, dim), "base.7.bias": (512,),
+        "head_g.0.weight": (10, 512), "head_g.0.bias": (10,),
+    }  # fmt: skip
+    total = sum(p.numel() for p in model.parameters())
+    assert total == _pfllib_fedavgcnn_parameters(channels, 10, dim)
+    assert model.base(torch.zeros(2, channels, size, size)).shape == (2, 512)
+    assert model(torch.zeros(2, channels, size, size)).shape == (2, 10)
+
+
+def test_fedavgcnn_head_depths_1_and_2_and_config() -> None:
+    info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
+    one = build_model(info, 1, 0, private_head=True, model="fedavgcnn")
+    two = build_model(info, 2, 0, private_head=True, model="fedavgcnn")
+    assert [k for k in one.state_dict() if not k.startswith(BASE + ".")] == [
+        "head_g.0.weight", "head_g.0.bias", "head_p.0.weight", "head_p.0.bias",
+    ]  # fmt: skip
+    assert [k for k in two.state_dict() if k.startswith(HEAD_G + ".")] == [
+        "head_g.0.weight", "head_g.0.bias", "head_g.2.weight", "head_g.2.bias",
+    ]  # fmt: skip
+    assert tuple(two.state_dict()["head_g.0.weight"].shape) == (512, 1024)
+    assert [k for k in two.state_dict() if k.startswith(BASE + ".")] == [
+        "base.0.weight", "base.0.bias", "base.3.weight", "base.3.bias",
+    ]  # fmt: skip
+    x = torch.randn(3, 1, 28, 28)
+    assert two.head_p(two.base(x)).shape == (3, 10)
+    # Same initial weights, whatever the split: the split only names the layers.
+    assert torch.equal(one.state_dict()["base.7.weight"], two.state_dict()["head_g.0.weight"])
+    with pytest.raises(ValueError, match="head-depth=3 is not allowed: expected 1..2"):
+        build_model(info, 3, 0, model="fedavgcnn")
+    assert load_config({"model": "fedavgcnn", "head-depth": 1}).model == "fedavgcnn"

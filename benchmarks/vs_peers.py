@@ -1,0 +1,573 @@
+"""Side by side with peers (issue 13): the same FedAvg work in PFLlib, in Apple's
+pfl-research (``pfl``) and in this project, one after another in one invocation.
+
+The work: PFLlib's FedAvgCNN (``model='fedavgcnn'`` here), this project's partition of the
+dataset (Dirichlet ``alpha``, ``--clients`` clients, the 75/25 split of each), the same
+initial weights, the same clients trained in every round (this project's seeded draw of
+``fraction`` of the clients), one local epoch of plain SGD (no momentum) at batch 10, the
+training replies averaged by sample count, and after every round the global model
+evaluated on every client's test split. Each peer gets that partition written in its own
+format in a temporary folder (PFLlib: ``dataset/<name>/{train,test}/<i>.npz``; pfl: user
+datasets in memory); nothing is installed and nothing in the peer's folder is changed.
+
+Order: every peer, then this project, ``--repeats`` times, then every peer once more, so
+that each of our runs sits between two runs of each peer. Seconds per round are medians of
+rounds 2..N (round 1 starts things up); the train/evaluation split is each framework's own
+(PFLlib: its evaluation also computes the training loss over every client's training data,
+shown apart; pfl: the central evaluation callback; ours: ``results.json``).
+
+    python benchmarks/vs_peers.py --dataset-path ../shared/data/fashion_mnist \\
+        --pfllib /tmp/pfllib --pfllib-python /tmp/pflvenv/bin/python \\
+        --pfl-python /tmp/pflvenv/bin/python --rounds 5 --repeats 1
+
+``--pfllib``: a PFLlib clone (its ``system/`` folder is imported; PFLlib needs ``h5py``,
+``scikit-learn`` and ``matplotlib`` next to torch). ``--pfl-python``: an interpreter that
+has ``pfl`` (and torch). A peer that is not given, or cannot run, is skipped with the
+reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+PFLLIB_DATASET = "FashionMNIST_vs_peers"
+WORKER_TIMEOUT = 3600
+
+
+# ------------------------------------------------------------------ shared helpers
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def steady(values: list[float]) -> list[float]:
+    """Rounds 2..N (the first starts things up)."""
+    return values[1:] or values
+
+
+# ------------------------------------------------------------------ the work, written out
+def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Our partition, initial weights and sampling schedule, written for the peers."""
+    import numpy as np
+
+    from fedreg_app.data import PartitionKey, load_client_data, load_info, normalise
+    from fedreg_app.models import build_model
+    from fedreg_app.registry import load_config
+    from fedreg_app.seeds import rng
+    from strategies.base import sample_size
+
+    config = load_config(our_config(args, folder / "unused"))
+    key = PartitionKey.from_config(config, args.clients)
+    info = load_info(key)
+    clients = [load_client_data(key, i) for i in range(args.clients)]
+
+    # PFLlib: dataset/<name>/{train,test}/<i>.npz holding data={'x': float32, 'y': int64}
+    # (its own generators store the images normalised by (x - 0.5) / 0.5, as ours are).
+    pfllib_root = folder / "pfllib"
+    for split in ("train", "test"):
+        (pfllib_root / "dataset" / PFLLIB_DATASET / split).mkdir(parents=True)
+    (pfllib_root / "system").mkdir()
+    arrays: dict[str, np.ndarray] = {}
+    for client in clients:
+        for split in ("train", "test"):
+            part = getattr(client, split)
+            x, y = normalise(part.x).numpy(), part.y.numpy()
+            path = pfllib_root / "dataset" / PFLLIB_DATASET / split / f"{client.partition_id}.npz"
+            with path.open("wb") as handle:  # PFLlib's format is a pickled dict
+                np.savez_compressed(handle, data={"x": x, "y": y})
+            arrays[f"{split}_x_{client.partition_id}"] = part.x.numpy()
+            arrays[f"{split}_y_{client.partition_id}"] = part.y.numpy()
+    np.savez(folder / "clients.npz", **arrays)  # uint8 images, for pfl
+
+    model = build_model(info, 1, config.seed, model="fedavgcnn")
+    initial = [p.detach().numpy().copy() for p in model.parameters()]
+    np.savez(folder / "initial.npz", **{f"p{i}": a for i, a in enumerate(initial)})
+
+    # The strategy's draw (strategies.base.sample_partitions with every node connected);
+    # one more round than needed, for PFLlib's extra iteration.
+    draw = rng(config.seed, "sampling")
+    k = sample_size(args.clients, args.fraction)
+    schedule = [
+        sorted(int(p) for p in draw.choice(list(range(args.clients)), size=k, replace=False))
+        for _ in range(args.rounds + 1)
+    ]
+    return {
+        "rounds": args.rounds,
+        "clients": args.clients,
+        "per_round": k,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "schedule": schedule,
+        "channels": info.channels,
+        "height": info.height,
+        "width": info.width,
+        "num_classes": info.num_classes,
+        "folder": str(folder),
+        "pfllib": str(Path(args.pfllib).resolve()) if args.pfllib else "",
+        "train_samples": [len(c.train) for c in clients],
+        "test_samples": [len(c.test) for c in clients],
+    }
+
+
+def our_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
+    return {
+        "algo": "fedavg",
+        "model": "fedavgcnn",
+        "head-depth": 1,
+        "dataset-path": str(Path(args.dataset_path).resolve()),
+        "data-fraction": args.data_fraction,
+        "alpha": args.alpha,
+        "seed": 0,
+        "num-server-rounds": args.rounds,
+        "local-epochs": 1,
+        "batch-size": args.batch_size,
+        "lr": args.lr,
+        "momentum": 0.0,
+        "fraction-train": args.fraction,
+        "eval-every": 1,
+        "global-eval": "clients",
+        "results-dir": str(results_dir),
+    }
+
+
+# ------------------------------------------------------------------ this project
+def run_ours(link: Any, args: argparse.Namespace, spec: dict[str, Any], index: int) -> dict:
+    results_dir = Path(spec["folder"]) / f"ours-{index}"
+    config = our_config(args, results_dir)
+    text = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}" for k, v in config.items())
+    log = link.run(text, supernodes=args.clients, cpus_per_client=1, timeout=WORKER_TIMEOUT)
+    paths = sorted(results_dir.glob("*/results.json"))
+    document = json.loads(paths[-1].read_text()) if paths else {}
+    if document.get("run", {}).get("status") != "completed":
+        raise RuntimeError(f"our run did not complete\n{log[-3000:]}")
+    rounds = document["rounds"]
+    sampled = [r["sampled_clients"] for r in rounds]
+    if sampled != spec["schedule"][: len(rounds)]:
+        print(f"WARNING: our run sampled {sampled}, the peers were given {spec['schedule']}")
+    return {
+        "round_s": [r["train_seconds"] + r["eval_seconds"] for r in rounds],
+        "train_s": [r["train_seconds"] for r in rounds],
+        "eval_s": [r["eval_seconds"] for r in rounds],
+        "accuracy": [r["global_accuracy"] for r in rounds],
+    }
+
+
+# ------------------------------------------------------------------ peers (subprocesses)
+def run_peer(name: str, python: str, spec_path: Path, cwd: Path) -> dict[str, Any]:
+    """Run a worker of this script in the peer's interpreter; its JSON result or the error."""
+    out = spec_path.parent / f"{name}-result.json"
+    out.unlink(missing_ok=True)
+    command = [python, str(Path(__file__).resolve()), "--worker", name,
+               "--spec", str(spec_path), "--out", str(out)]  # fmt: skip
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT
+    )
+    if result.returncode != 0 or not out.exists():
+        tail = (result.stdout + result.stderr).strip().splitlines()[-15:]
+        return {"error": "\n".join(tail) or f"exit {result.returncode}"}
+    return json.loads(out.read_text())
+
+
+def load_initial(model: Any, folder: Path) -> None:
+    """Copy our initial weights in, parameter by parameter (same order and shapes)."""
+    import numpy as np
+    import torch
+
+    initial = np.load(folder / "initial.npz")
+    parameters = list(model.parameters())
+    assert len(parameters) == len(initial.files), (len(parameters), initial.files)
+    with torch.no_grad():
+        for i, parameter in enumerate(parameters):
+            parameter.copy_(torch.from_numpy(initial[f"p{i}"]))
+
+
+def pfllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """PFLlib's own FedAvg server and clients (``flcore.servers.serveravg.FedAvg``) with
+    its own FedAvgCNN; we only give it its arguments, our initial weights and the clients
+    to sample, and time its two evaluation passes."""
+    import numpy as np
+    import torch
+
+    system = Path(spec["pfllib"]) / "system"
+    sys.path.insert(0, str(system))
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)  # as PFLlib's main.py
+    np.random.seed(0)
+    from flcore.servers import serverbase  # noqa: I001 - PFLlib's modules
+    from flcore.servers.serveravg import FedAvg
+    from flcore.trainmodel.models import FedAvgCNN
+
+    side = ((spec["height"] - 4) // 2 - 4) // 2
+    model = FedAvgCNN(spec["channels"], spec["num_classes"], dim=64 * side * side)
+    load_initial(model, Path(spec["folder"]))
+    args = argparse.Namespace(  # PFLlib's main.py defaults, with the shared settings
+        device="cpu", dataset=PFLLIB_DATASET, num_classes=spec["num_classes"], model=model,
+        batch_size=spec["batch_size"], local_learning_rate=spec["lr"],
+        learning_rate_decay=False, learning_rate_decay_gamma=0.99,
+        global_rounds=spec["rounds"], local_epochs=1, algorithm="FedAvg",
+        join_ratio=spec["per_round"] / spec["clients"], random_join_ratio=False,
+        num_clients=spec["clients"], few_shot=0, time_select=False, goal="vs_peers",
+        time_threthold=10000, save_folder_name="items", top_cnt=100, auto_break=False,
+        eval_gap=1, client_drop_rate=0.0, train_slow_rate=0.0, send_slow_rate=0.0,
+        dlg_eval=False, dlg_gap=100, batch_num_per_client=2, num_new_clients=0,
+        fine_tuning_epoch_new=0, prev=0, times=1,
+    )  # fmt: skip
+    timings: dict[str, list[float]] = {"test_metrics": [], "train_metrics": []}
+
+    def timed(name: str, method: Any) -> Any:
+        def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(self, *a, **kw)
+            finally:
+                timings[name].append(time.perf_counter() - start)
+
+        return wrapper
+
+    for name in timings:
+        setattr(serverbase.Server, name, timed(name, getattr(serverbase.Server, name)))
+    server = FedAvg(args, 0)
+    schedule = iter(spec["schedule"])
+
+    def select_clients() -> list[Any]:  # our seeded draw instead of np.random.choice
+        return [server.clients[i] for i in next(schedule)]
+
+    server.select_clients = select_clients
+    if [c.train_samples for c in server.clients] != spec["train_samples"]:
+        raise RuntimeError("PFLlib read other training sets than we wrote")
+    server.train()
+    # Iteration i evaluates the model after i rounds, then trains round i + 1.
+    return {
+        "round_s": list(server.Budget),
+        "test_s": timings["test_metrics"],
+        "train_loss_s": timings["train_metrics"],
+        "accuracy": [float(a) for a in server.rs_test_acc],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def pfl_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """pfl's ``FederatedAveraging`` in its ``SimulatedBackend``, PyTorch model, users from
+    our partition in memory, samples weighted by count (``WeightByDatapoints``), the
+    global model evaluated centrally on the union of the clients' test splits."""
+    from importlib.metadata import version
+
+    import numpy as np
+    import torch
+    from pfl.aggregate.simulate import SimulatedBackend
+    from pfl.aggregate.weighting import WeightByDatapoints
+    from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+    from pfl.callback.base import TrainingProcessCallback
+    from pfl.callback.central_evaluation import CentralEvaluationCallback
+    from pfl.data.dataset import Dataset
+    from pfl.data.federated_dataset import FederatedDataset
+    from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
+    from pfl.metrics import Metrics, Weighted, get_overall_value
+    from pfl.model.pytorch import PyTorchModel
+    from torch import nn
+
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    side = ((spec["height"] - 4) // 2 - 4) // 2
+
+    class FedAvgCNN(nn.Module):
+        """PFLlib's FedAvgCNN, with the ``loss`` and ``metrics`` pfl calls."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(
+                nn.Conv2d(spec["channels"], 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+                nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                nn.Linear(64 * side * side, 512), nn.ReLU(),
+                nn.Linear(512, spec["num_classes"]),
+            )  # fmt: skip
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layers(x)
+
+        def loss(self, x: torch.Tensor, y: torch.Tensor, eval: bool = False) -> torch.Tensor:  # noqa: A002
+            self.eval() if eval else self.train()
+            return nn.functional.cross_entropy(self(x), y)
+
+        @torch.no_grad()
+        def metrics(self, x: torch.Tensor, y: torch.Tensor, eval: bool = True) -> dict:  # noqa: A002
+            self.eval()
+            correct = (self(x).argmax(1) == y).sum().item()
+            return {"accuracy": Weighted(correct, len(y))}
+
+    data = np.load(Path(spec["folder"]) / "clients.npz")
+
+    def tensors(split: str, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.from_numpy(data[f"{split}_x_{i}"]).float().div_(127.5).sub_(1.0)
+        return x, torch.from_numpy(data[f"{split}_y_{i}"])
+
+    users = {i: tensors("train", i) for i in range(spec["clients"])}
+    tests = [tensors("test", i) for i in range(spec["clients"])]
+    union = Dataset((torch.cat([x for x, _ in tests]), torch.cat([y for _, y in tests])))
+    order = iter([i for chosen in spec["schedule"] for i in chosen])
+    training = FederatedDataset(lambda i: Dataset(users[i], user_id=str(i)), lambda: next(order))
+
+    timing = {"eval": [], "ends": []}
+    accuracy: list[float] = []
+
+    class TimedCentralEvaluation(CentralEvaluationCallback):
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):  # noqa: ANN001, ANN201
+            start = time.perf_counter()
+            stop, metrics = super().after_central_iteration(
+                aggregate_metrics, model, central_iteration=central_iteration
+            )
+            timing["eval"].append(time.perf_counter() - start)
+            for name, value in metrics:
+                if "accuracy" in str(name):
+                    accuracy.append(float(get_overall_value(value)))
+            return stop, metrics
+
+    class IterationClock(TrainingProcessCallback):
+        def on_train_begin(self, *, model):  # noqa: ANN001, ANN201
+            timing["ends"].append(time.perf_counter())
+            return super().on_train_begin(model=model)
+
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):  # noqa: ANN001, ANN201
+            timing["ends"].append(time.perf_counter())
+            return False, Metrics()
+
+    net = FedAvgCNN()
+    load_initial(net, Path(spec["folder"]))
+    model = PyTorchModel(
+        model=net,
+        local_optimizer_create=torch.optim.SGD,
+        central_optimizer=torch.optim.SGD(net.parameters(), lr=1.0),
+    )
+    rounds = spec["rounds"]
+    algorithm_params = NNAlgorithmParams(
+        central_num_iterations=rounds,
+        # Federated evaluation of the training users (before and after their local
+        # training, on their training data) only at iteration 0; every round's evaluation
+        # is the central one below.
+        evaluation_frequency=rounds + 1,
+        train_cohort_size=spec["per_round"],
+        val_cohort_size=0,
+    )
+    train_params = NNTrainHyperParams(
+        local_num_epochs=1, local_learning_rate=spec["lr"], local_batch_size=spec["batch_size"]
+    )
+    eval_params = NNEvalHyperParams(local_batch_size=512)  # as ours (EVAL_BATCH_SIZE)
+    backend = SimulatedBackend(
+        training_data=training, val_data=training, postprocessors=[WeightByDatapoints()]
+    )
+    callbacks = [TimedCentralEvaluation(union, model_eval_params=eval_params), IterationClock()]
+    FederatedAveraging().run(
+        algorithm_params=algorithm_params,
+        backend=backend,
+        model=model,
+        model_train_params=train_params,
+        model_eval_params=eval_params,
+        callbacks=callbacks,
+    )
+    ends = timing["ends"]
+    return {
+        "round_s": [b - a for a, b in zip(ends, ends[1:], strict=False)],
+        "eval_s": timing["eval"],
+        "accuracy": accuracy,
+        "torch": torch.__version__,
+        "pfl": version("pfl"),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    spec = json.loads(Path(args.spec).read_text())
+    try:
+        result = {"pfllib": pfllib_worker, "pfl": pfl_worker}[args.worker](spec)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(1)
+    Path(args.out).write_text(json.dumps(result))
+
+
+# ------------------------------------------------------------------ report
+def summarise(name: str, run: dict[str, Any], rounds: int) -> dict[str, Any]:
+    """Per-round figures, aligned: round r (r >= 1) = training round r and the evaluation
+    of the model it produced. PFLlib evaluates at the start of an iteration, so its round
+    r's seconds are iteration r - 1's (evaluation of the round r - 1 model + training of
+    round r) and its accuracy after round r is the evaluation at iteration r."""
+    if name == "pfllib":
+        round_s = run["round_s"][:rounds]
+        test_s, loss_s = run["test_s"][:rounds], run["train_loss_s"][:rounds]
+        eval_s = [t + loss for t, loss in zip(test_s, loss_s, strict=True)]
+        accuracy = run["accuracy"][1 : rounds + 1]
+    else:
+        round_s, eval_s, accuracy = run["round_s"], run["eval_s"], run["accuracy"]
+        loss_s = []
+        if name == "pfl":  # its central evaluation skips iteration 0 (the model after round 1)
+            accuracy = [None, *accuracy]
+    train_s = [r - e for r, e in zip(round_s, eval_s, strict=True)]
+    return {
+        "s": median(steady(round_s)),
+        "train": median(steady(train_s)),
+        "eval": median(steady(eval_s)),
+        "train_loss": median(steady(loss_s)) if loss_s else None,
+        "first": round_s[0],
+        "accuracy": accuracy,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset-path", help="our offline copy (hub layout)")
+    parser.add_argument("--pfllib", default="", help="a PFLlib clone (folder with system/)")
+    parser.add_argument("--pfllib-python", default=sys.executable,
+                        help="interpreter for PFLlib (needs torch, h5py, scikit-learn, "
+                             "matplotlib); default: this one")  # fmt: skip
+    parser.add_argument("--pfl-python", default="", help="an interpreter that has pfl")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--fraction", type=float, default=0.25)
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--alpha", type=float, default=0.1)
+    parser.add_argument("--data-fraction", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads of a peer's single process (ours: one client "
+                             "process per core, one thread each)")  # fmt: skip
+    parser.add_argument("--worker", choices=("pfllib", "pfl"), help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args)
+        return
+    if not args.dataset_path:
+        parser.error("--dataset-path is required")
+    if args.rounds < 2:
+        parser.error("--rounds must be >= 2 (round 1 is start-up)")
+    compare(args)
+
+
+def peer_versions(args: argparse.Namespace) -> dict[str, str]:
+    commit = "none"
+    if args.pfllib:
+        found = subprocess.run(
+            ["git", "-C", args.pfllib, "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        commit = found.stdout.strip() or "unknown (not a git clone)"
+    return {"pfllib_commit": commit}
+
+
+def compare(args: argparse.Namespace) -> None:
+    from importlib.metadata import version
+
+    import torch
+
+    from fedreg_app.launcher import LocalSuperLink
+
+    peers = []
+    skipped: dict[str, str] = {}
+    if args.pfllib and (Path(args.pfllib) / "system" / "flcore").is_dir():
+        peers.append(("pfllib", args.pfllib_python))
+    else:
+        skipped["pfllib"] = (
+            f"not a PFLlib clone: {args.pfllib!r}" if args.pfllib else "--pfllib not given"
+        )
+    if args.pfl_python:
+        peers.append(("pfl", args.pfl_python))
+    else:
+        skipped["pfl"] = "--pfl-python not given"
+    runs: dict[str, list[dict[str, Any]]] = {"ours": []}
+    with tempfile.TemporaryDirectory(prefix="vs_peers-") as tmp:
+        folder = Path(tmp)
+        started = time.perf_counter()
+        spec = prepare(args, folder)
+        spec_path = folder / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        print(f"partition and formats written in {time.perf_counter() - started:.0f} s; "
+              f"train samples per client {spec['train_samples']}; schedule "
+              f"{spec['schedule'][: args.rounds]}", flush=True)  # fmt: skip
+
+        def peer(name: str, python: str) -> None:
+            if name in skipped:
+                return
+            started = time.perf_counter()
+            result = run_peer(name, python, spec_path, folder / "pfllib" / "system")
+            if "error" in result:
+                skipped[name] = result["error"]
+                print(f"{name}: cannot run, skipped:\n{result['error']}", flush=True)
+                return
+            runs.setdefault(name, []).append(result)
+            seconds = [round(s, 1) for s in result["round_s"]]
+            print(f"{name} run {len(runs[name])}: {time.perf_counter() - started:.0f} s, "
+                  f"s per iteration {seconds}", flush=True)  # fmt: skip
+
+        home = folder / "home"
+        with LocalSuperLink(home, extra_env=OFFLINE) as link:
+            for repeat in range(args.repeats):
+                for name, python in peers:
+                    peer(name, python)
+                started = time.perf_counter()
+                runs["ours"].append(run_ours(link, args, spec, repeat))
+                seconds = [round(s, 1) for s in runs["ours"][-1]["round_s"]]
+                print(f"ours run {repeat + 1}: {time.perf_counter() - started:.0f} s, "
+                      f"s per round {seconds}", flush=True)  # fmt: skip
+            for name, python in peers:
+                peer(name, python)
+    report(args, runs, skipped, version("flwr"), torch.__version__)
+
+
+def report(args: argparse.Namespace, runs: dict[str, list], skipped: dict[str, str],
+           flwr: str, torch_version: str) -> None:  # fmt: skip
+    rows = {name: [summarise(name, r, args.rounds) for r in found] for name, found in runs.items()}
+    print()
+    print(f"FedAvg, FedAvgCNN, {args.clients} clients, {args.fraction:g} a round, E=1, batch "
+          f"{args.batch_size}, lr {args.lr}, all clients evaluated every round; "
+          f"seconds per round: medians of rounds 2..{args.rounds}")  # fmt: skip
+    print(
+        "| framework | run | s/round | training | evaluation | of which train-loss pass "
+        "| round 1 | global accuracy after rounds 1..N |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name, found in rows.items():
+        for i, row in enumerate(found, 1):
+            loss = "-" if row["train_loss"] is None else f"{row['train_loss']:.1f}"
+            accuracy = ", ".join("-" if a is None else f"{100 * a:.1f}" for a in row["accuracy"])
+            print(f"| {name} | {i} | {row['s']:.2f} | {row['train']:.2f} | {row['eval']:.2f} "
+                  f"| {loss} | {row['first']:.1f} | {accuracy} |")  # fmt: skip
+    for name, reason in skipped.items():
+        print(f"{name}: skipped: {reason.splitlines()[-1] if reason else ''}")
+    ours = statistics.mean(r["s"] for r in rows["ours"]) if rows["ours"] else float("nan")
+    parts = [f"rounds={args.rounds}", f"clients={args.clients}", f"ours_s={ours:.2f}"]
+    for name in ("pfllib", "pfl"):
+        if rows.get(name):
+            theirs = statistics.mean(r["s"] for r in rows[name])
+            parts += [f"{name}_s={theirs:.2f}", f"ratio_{name}={ours / theirs:.2f}"]
+            if name == "pfllib":
+                extra = statistics.mean(r["train_loss"] for r in rows[name])
+                parts.append(f"ratio_pfllib_without_train_loss={ours / (theirs - extra):.2f}")
+        else:
+            parts.append(f"{name}=skipped")
+    versions = peer_versions(args)
+    pfl_version = runs["pfl"][0]["pfl"] if runs.get("pfl") else "none"
+    peer_torch = {r["torch"] for found in runs.values() for r in found if "torch" in r}
+    if peer_torch - {torch_version}:
+        print(f"WARNING: the peers ran torch {sorted(peer_torch)}, we ran {torch_version}")
+    parts += [f"pfllib_commit={versions['pfllib_commit']}", f"pfl={pfl_version}",
+              f"flwr={flwr}", f"torch={torch_version}"]  # fmt: skip
+    print("vs_peers: " + " ".join(parts))
+
+
+if __name__ == "__main__":
+    main()
