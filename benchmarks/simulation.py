@@ -11,12 +11,18 @@ evaluation, as a fraction of the round; it splits into per-message setup in the 
 
 (c) ``scale``: the FedReG paper's Table 3 setting at 500 clients (CIFAR-10, alpha 0.1,
 fraction 0.2, batch size 1 as the paper used) for fedreg, feddyn and ditto: seconds per
-training round and the peak resident memory of the whole simulation (SuperLink, ServerApp
-process, Ray and its client actors), sampled from /proc every half second.
+training round and the peak memory of the whole simulation (SuperLink, ServerApp
+process, Ray and its client actors), sampled from /proc every half second: the sum of
+resident sizes, the sum of proportional sizes (shared pages once), and each kind of
+process's peak. ``--state disk`` (default) gives the run a state-dir, so clients' private
+state and decoded partitions live on disk between messages; ``--state memory`` keeps them
+in Flower's ``context.state`` and the processes.
+
+Each invocation ends with one line ``simulation <mode>: key=value ...``.
 
     python benchmarks/simulation.py overhead --dataset-path ../shared/data/fashion_mnist
     python benchmarks/simulation.py scale --dataset-path ../shared/data/cifar10_jpeg \\
-        --algos fedreg,feddyn,ditto --clients 500 --rounds 3
+        --algos fedreg --clients 500 --rounds 2
 """
 
 from __future__ import annotations
@@ -39,30 +45,81 @@ OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 # ------------------------------------------------------------------ memory
-def tree_rss_mib(root: int) -> tuple[float, float]:
-    """(total, largest single process) resident memory of ``root`` and its descendants."""
-    sizes = []
+#: Short names for the simulation's processes, from their command lines (first match).
+ROLES = (
+    ("ClientAppActor", "client actor"),
+    ("flwr-simulation", "simulation (ServerApp + node states)"),
+    ("flower-superexec", "superexec"),
+    ("flower-superlink", "superlink"),
+    ("raylet", "ray"),
+    ("gcs_server", "ray"),
+    ("ray", "ray"),
+)
+
+
+def role_of(pid: int) -> str:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "other"
+    return next((role for needle, role in ROLES if needle in cmdline), "other")
+
+
+def tree_rss_mib(root: int) -> dict[int, float]:
+    """Resident memory (MiB) of ``root`` and each of its descendants, by PID."""
+    sizes = {}
     for pid in [root, *descendants(root)]:
-        with contextlib.suppress(OSError):  # the process ended meanwhile
-            sizes.append(int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE / 2**20)
-    return sum(sizes), max(sizes, default=0.0)
+        with contextlib.suppress(OSError, IndexError, ValueError):  # it ended meanwhile
+            pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+            sizes[pid] = pages * PAGE / 2**20
+    return sizes
+
+
+def tree_pss_mib(pids: list[int]) -> float:
+    """Proportional set size (MiB) of ``pids``: shared pages (the libraries every Python
+    process maps, torch's above all) counted once in all, not once per process."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) / 1024
+                    break
+    return total
 
 
 class PeakMemory(threading.Thread):
-    """Samples a process tree's resident memory until stopped; keeps the peaks."""
+    """Samples a process tree's resident memory until stopped; keeps the peak of the
+    total, the largest single process, each role's peak (summed over its processes),
+    the breakdown by role at the moment of the total's peak, and the peak of the total
+    proportional set size (shared pages counted once)."""
 
     def __init__(self, root: int, every: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.root, self.every = root, every
-        self.peak_total = self.peak_process = 0.0
+        self.peak_total = self.peak_process = self.peak_pss = 0.0
+        self.peak_by_role: dict[str, float] = {}
+        self.at_peak: dict[str, float] = {}
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
-            total, largest = tree_rss_mib(self.root)
-            self.peak_total = max(self.peak_total, total)
-            self.peak_process = max(self.peak_process, largest)
+            self.sample()
             self._halt.wait(self.every)
+
+    def sample(self) -> None:
+        sizes = tree_rss_mib(self.root)
+        by_role: dict[str, float] = {}
+        for pid, mib in sizes.items():
+            role = role_of(pid)  # not cached: a Ray worker names its role once it has one
+            by_role[role] = by_role.get(role, 0.0) + mib
+        total = sum(sizes.values())
+        if total > self.peak_total:
+            self.peak_total, self.at_peak = total, by_role
+        self.peak_process = max(self.peak_process, *sizes.values(), 0.0)
+        self.peak_pss = max(self.peak_pss, tree_pss_mib(list(sizes)))
+        for role, mib in by_role.items():
+            self.peak_by_role[role] = max(self.peak_by_role.get(role, 0.0), mib)
 
     def stop(self) -> None:
         self._halt.set()
@@ -79,7 +136,9 @@ def run_once(
     log = superlink.run(pairs, supernodes=clients, cpus_per_client=cpus)
     paths = sorted(results_dir.glob("*/results.json"))
     results = json.loads(paths[-1].read_text()) if paths else {}
-    if results.get("run", {}).get("status") != "completed":
+    # "degraded": a round lost replies (at batch 1 a client can diverge to NaN and be
+    # rejected); the run still measures what it costs.
+    if results.get("run", {}).get("status") not in ("completed", "degraded"):
         raise RuntimeError(f"run did not complete:\n{log[-3000:]}")
     return results
 
@@ -145,6 +204,8 @@ def scale(args: argparse.Namespace, superlink: LocalSuperLink, out: Path) -> dic
         }  # fmt: skip
         if args.dataset_path:
             run_config["dataset-path"] = str(Path(args.dataset_path).resolve())
+        if args.state == "disk":  # private state and decoded partitions on disk
+            run_config["state-dir"] = str(out / f"state_{algo}")
         sampler = PeakMemory(superlink.process.pid)
         sampler.start()
         started = time.perf_counter()
@@ -156,20 +217,54 @@ def scale(args: argparse.Namespace, superlink: LocalSuperLink, out: Path) -> dic
         figures[algo] = {
             "wall_s": round(time.perf_counter() - started, 1),
             "train_s_per_round_median": round(statistics.median(train[1:] or train), 2),
-            "train_s_round_1": train[0],
+            "train_s_round_1": round(train[0], 2),
+            "train_samples_per_round": [r["num_train_examples"] for r in results["rounds"]],
+            "eval_s_last_round": round(results["rounds"][-1]["eval_seconds"], 2),
             "peak_rss_total_mib": round(sampler.peak_total),
             "peak_rss_one_process_mib": round(sampler.peak_process),
+            "peak_pss_total_mib": round(sampler.peak_pss),
+            "peak_rss_by_role_mib": {k: round(v) for k, v in sampler.peak_by_role.items()},
+            "at_total_peak_by_role_mib": {k: round(v) for k, v in sampler.at_peak.items()},
             "best_global_accuracy": results["best_global_accuracy"],
         }
         print(f"(c) {algo}: {json.dumps(figures[algo])}", flush=True)
     print(f"(c) scale: {args.clients} clients, fraction {args.fraction}, batch {args.batch_size}, "
-          f"{args.rounds} rounds, {os.cpu_count()} cores")  # fmt: skip
+          f"{args.rounds} rounds, state {args.state}, {os.cpu_count()} cores")  # fmt: skip
     print("algo | s/train round (median, r>1) | round 1 s | peak RSS total MiB | "
-          "largest process MiB")  # fmt: skip
+          "largest process MiB | by role at the peak (MiB)")  # fmt: skip
     for algo, f in figures.items():
+        roles = ", ".join(f"{k} {v}" for k, v in sorted(f["at_total_peak_by_role_mib"].items()))
         print(f"{algo} | {f['train_s_per_round_median']} | {f['train_s_round_1']} | "
-              f"{f['peak_rss_total_mib']} | {f['peak_rss_one_process_mib']}")  # fmt: skip
+              f"{f['peak_rss_total_mib']} | {f['peak_rss_one_process_mib']} | {roles}")  # fmt: skip
     return figures
+
+
+def summary_line(args: argparse.Namespace, figures: dict) -> str:
+    """The one line a log search finds: ``simulation <mode>: key=value ...``."""
+    if args.mode == "overhead":
+        rows = figures["rows"]
+        pairs = {
+            "algo": args.algo, "clients": args.clients, "rounds": args.rounds,
+            "round1_s": f"{rows[0]['wall_s']:.1f}",
+            "s_per_round": f"{statistics.median(r['wall_s'] for r in rows[1:] or rows):.1f}",
+            "overhead": f"{100 * figures['median_overhead_fraction_after_round_1']:.1f}%",
+        }  # fmt: skip
+    else:
+        pairs = {"clients": args.clients, "fraction": args.fraction, "rounds": args.rounds,
+                 "batch": args.batch_size, "state": args.state}  # fmt: skip
+        single = len(figures) == 1
+        for algo, f in figures.items():
+            prefix = "" if single else f"{algo}_"
+            if single:
+                pairs["algo"] = algo
+            pairs |= {
+                f"{prefix}peak_gib": f"{f['peak_rss_total_mib'] / 1024:.2f}",
+                f"{prefix}largest_gib": f"{f['peak_rss_one_process_mib'] / 1024:.2f}",
+                f"{prefix}pss_gib": f"{f['peak_pss_total_mib'] / 1024:.2f}",
+                f"{prefix}s_per_round": f"{f['train_s_per_round_median']:.1f}",
+                f"{prefix}round1_s": f"{f['train_s_round_1']:.1f}",
+            }
+    return f"simulation {args.mode}: " + " ".join(f"{k}={v}" for k, v in pairs.items())
 
 
 def main() -> None:
@@ -183,6 +278,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fraction", type=float)
     parser.add_argument("--batch-size", type=int, default=1, help="scale (paper: 1)")
+    parser.add_argument(
+        "--state", choices=["disk", "memory"], default="disk",
+        help="scale: clients' private state and decoded partitions under a state-dir in the "
+        "benchmark's folder (disk), or in Flower's context.state and each process (memory)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
     defaults = {"overhead": (10, 0.5), "scale": (500, 0.2)}[args.mode]
@@ -194,6 +294,7 @@ def main() -> None:
     print(f"results under {work}")
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(summary_line(args, figures), flush=True)
 
 
 if __name__ == "__main__":

@@ -134,9 +134,11 @@ def persistent_state(
     msg: Message, context: Context, setup: ClientSetup, resets: list[str]
 ) -> Iterator[None]:
     """With a state dir, restore the node's private records as of the round the server
-    resumes from, and commit what the procedure changed as this round's version; without
-    one, ``context.state`` is all there is. Records found corrupt are appended to
-    ``resets`` (they start afresh)."""
+    resumes from, commit what the procedure changed as this round's version, and drop the
+    records from ``context.state`` again: the disk holds them until the node's next message
+    (in simulation Flower keeps every node's ``context.state`` in one process, and ships it
+    to the ClientApp with each message). Without one, ``context.state`` is all there is.
+    Records found corrupt are appended to ``resets`` (they start afresh)."""
     state_dir = state_dir_of(NodeSettings.from_context(context), setup.config)
     if state_dir is None:
         yield
@@ -155,6 +157,7 @@ def persistent_state(
             ", ".join(restored.records), restored.round, versions.folder)  # fmt: skip
     yield
     versions.commit(context.state, server_round)
+    versions.release(context.state)
 
 
 @app.query()

@@ -16,7 +16,10 @@ the killed attempt left. So:
   deleted, as are versions older than the one restored (the server's checkpoint never
   goes back that far);
 * a record whose file does not match its manifest is moved aside as
-  ``<file>.corrupt-<timestamp>`` and that record starts fresh; the caller reports it.
+  ``<file>.corrupt-<timestamp>`` and that record starts fresh; the caller reports it;
+* once committed, the records are released from memory (:meth:`VersionedState.release`):
+  a node's private state is in RAM only while the node handles a message, so a
+  simulation of many nodes keeps none of the idle nodes' state.
 
 Nothing is unpickled (``.npz`` without object arrays, JSON).
 """
@@ -154,6 +157,14 @@ class VersionedState:
         os.replace(staging, target)
         fsync_folder(self.folder)
         return True
+
+    def release(self, state: RecordDict) -> None:
+        """Drop the ArrayRecords from ``state`` once they are committed: the next
+        :meth:`restore` reads them from disk (which it does anyway: the disk is the
+        truth), so memory holds a node's private state only while it handles a message."""
+        for name in [n for n, r in state.items() if isinstance(r, ArrayRecord)]:
+            del state[name]
+        self._loaded = {}
 
     def _remove_partial_folders(self) -> None:
         """Staging folders, and round folders without manifest, are leftovers of a

@@ -3,8 +3,9 @@
 Pipeline (FedReG paper, Section 4.1): merge the dataset's train and test splits, partition
 the pool over the clients by label with Dirichlet(alpha), then split each client's data
 75% train / 25% test with a seeded split. The global test set is the union of all client
-test splits. Images are decoded once per process and kept as ``uint8`` tensors
-``(N, C, H, W)``; they are normalised per batch by :func:`normalise`.
+test splits. Images are decoded into ``uint8`` tensors ``(N, C, H, W)``, kept on a
+node's disk (``state-dir``) or in a bounded per-process cache; they are normalised per
+batch by :func:`normalise`.
 
 Text (LEAF Shakespeare, ``flwrlabs/shakespeare``: 80-character snippets ``x`` and the next
 character ``y``, one client per speaking role) is encoded once into ``int16`` character
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -416,15 +419,73 @@ def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
     return partition.train_test_split(test_size=TEST_FRACTION, seed=key.seed)
 
 
-@cache
-def load_client_data(key: PartitionKey, partition_id: int) -> ClientData:
-    """One client's decoded train/test tensors; decoded once per process."""
+def decode_client_data(key: PartitionKey, partition_id: int) -> ClientData:
+    """One client's decoded train/test tensors, decoded now (nothing kept)."""
     split = client_splits(key, partition_id)
     return ClientData(
         partition_id=partition_id,
         train=_to_tensors(split["train"], load_info(key).channels),
         test=_to_tensors(split["test"], load_info(key).channels),
     )
+
+
+def _nbytes(data: ClientData) -> int:
+    return sum(t.x.nbytes + t.y.nbytes for t in (data.train, data.test))
+
+
+#: Decoded partitions a process keeps (MiB of tensors) when its node has no state-dir.
+DECODED_CACHE_MIB = "FEDREG_DECODED_CACHE_MIB"
+
+
+class DecodedPartitions:
+    """The process's decoded partitions, least recently used first out beyond a budget
+    of bytes: a simulation's ClientApp process serves many nodes, and keeping every
+    partition it ever decoded would grow to the whole dataset per process (and, through
+    the caches keyed on a partition's tensors, FedReG's rebalanced sets with it). A
+    partition decoded again is identical (decoding is deterministic), so the budget
+    changes costs, never results. Callable like the ``functools.cache`` it replaces."""
+
+    def __init__(self, budget_mib: float | None = None) -> None:
+        self._budget = budget_mib
+        self._entries: OrderedDict[tuple[PartitionKey, int], ClientData] = OrderedDict()
+        self._bytes = 0
+
+    @property
+    def budget_bytes(self) -> int:
+        mib = self._budget if self._budget is not None else float(
+            os.environ.get(DECODED_CACHE_MIB, "128")
+        )  # fmt: skip
+        return int(mib * 2**20)
+
+    def __call__(self, key: PartitionKey, partition_id: int) -> ClientData:
+        entry = (key, partition_id)
+        data = self._entries.get(entry)
+        if data is not None:
+            self._entries.move_to_end(entry)
+            return data
+        data = decode_client_data(key, partition_id)
+        self._entries[entry] = data
+        self._bytes += _nbytes(data)
+        while self._bytes > self.budget_bytes and len(self._entries) > 1:  # keep the newest
+            _, dropped = self._entries.popitem(last=False)
+            self._bytes -= _nbytes(dropped)
+        return data
+
+    def cache_clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+#: One client's decoded train/test tensors, decoded at most once per process while it
+#: stays within the process's budget (``FEDREG_DECODED_CACHE_MIB``, default 128).
+load_client_data = DecodedPartitions()
 
 
 def load_union_test_set(key: PartitionKey) -> TensorData:
@@ -465,8 +526,10 @@ def node_data(
 ) -> tuple[DatasetInfo, ClientData]:
     """Dataset info and this node's decoded partition. With a ``cache`` folder (a node's
     ``state-dir``) both are read from disk after the first time: a fresh process per
-    message (deployment) neither reloads the dataset nor decodes images again. A damaged
-    cache file is moved aside and rebuilt."""
+    message (deployment) neither reloads the dataset nor decodes images again, and a
+    simulation process serving many nodes holds a partition only while it handles that
+    node's message (nothing is kept in the process). A damaged cache file is moved aside
+    and rebuilt."""
     if cache is None:
         return load_info(key), load_client_data(key, partition_id)
     info_path, data_path = cache / "info.json", cache / f"partition-{partition_id}.npz"
@@ -476,7 +539,7 @@ def node_data(
         save_json(info_path, dataclasses.asdict(info))
     data = read_cache(data_path, lambda path: _read_partition(path, partition_id))
     if data is None:
-        data = load_client_data(key, partition_id)
+        data = decode_client_data(key, partition_id)
         save_arrays(
             data_path,
             {"train_x": data.train.x.numpy(), "train_y": data.train.y.numpy(),

@@ -26,7 +26,13 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.data import PartitionKey, TensorData, load_info, load_union_test_set
+from fedreg_app.data import (
+    PartitionKey,
+    TensorData,
+    federated_dataset,
+    load_info,
+    load_union_test_set,
+)
 from fedreg_app.metrics import ResultsWriter, RoundRecord
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
@@ -610,6 +616,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
     test_set = None if strategy.global_on_clients else load_union_test_set(key)
+    federated_dataset.cache_clear()  # the ServerApp needs no more of the dataset than this
     model = initial_model(info, config).to(select_device(config.device))
     strategy.prepare_model(model)
     run_info = {

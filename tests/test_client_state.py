@@ -102,3 +102,30 @@ def test_a_corrupt_private_head_is_counted_in_the_round_record(
     document = results(tmp_path / "results")
     assert document["rounds"][1]["state_resets"] == 1
     assert list(head.parent.parent.glob("*.corrupt-*"))
+
+
+def test_released_records_leave_memory_and_come_back_from_disk(tmp_path: Path) -> None:
+    """After a commit the node's records are dropped from ``context.state`` (in simulation
+    Flower keeps every node's state in one process); the next restore reads them back,
+    and a record nobody changed is still recognised as unchanged."""
+    versions = VersionedState(tmp_path)
+    state = RecordDict()
+    versions.restore(state, 0)
+    state["head_p"], state["fixed"] = record(1.0), record(5.0)
+    assert versions.commit(state, 1)
+    versions.release(state)
+    assert len(state) == 0
+    again = VersionedState(tmp_path)
+    assert sorted(again.restore(state, 1).records) == ["fixed", "head_p"]
+    assert value_of(state, "head_p") == 1.0 and value_of(state, "fixed") == 5.0
+    assert not again.commit(state, 2)  # restored and untouched: no new version
+    state["head_p"] = record(2.0)
+    assert again.commit(state, 2)
+    again.release(state)
+    assert len(state) == 0 and value_of(_restored(tmp_path, 2), "head_p") == 2.0
+
+
+def _restored(folder: Path, upto: int) -> RecordDict:
+    state = RecordDict()
+    VersionedState(folder).restore(state, upto)
+    return state

@@ -10,14 +10,18 @@ import torch
 
 from fedreg_app.config import ConfigError
 from fedreg_app.data import (
+    DECODED_CACHE_MIB,
+    DecodedPartitions,
     PartitionKey,
     client_splits,
+    decode_client_data,
     load_client_data,
     load_info,
     load_union_test_set,
 )
 from fedreg_app.registry import load_config
 from tests.fake_data import write_image_dataset
+from tests.inprocess import results, run_server
 
 
 def key_for(path: Path, num_partitions: int = 4, **overrides) -> PartitionKey:
@@ -243,3 +247,47 @@ def test_emnist_idx_files_become_an_upright_hub_layout_dataset(tmp_path: Path) -
         .names
     )
     assert names == ["0", "1", "A", "B", "a"]
+
+
+def test_decoded_partitions_stay_within_their_budget_and_decode_identically(
+    grey_dataset: Path,
+) -> None:
+    """A simulation process serves many nodes: it keeps the most recently used decoded
+    partitions up to a byte budget, and a partition decoded again is the same data."""
+    key = key_for(grey_dataset, seed=3)
+    first = [decode_client_data(key, pid) for pid in range(4)]
+    sizes = [sum(t.x.nbytes + t.y.nbytes for t in (d.train, d.test)) for d in first]
+    cache = DecodedPartitions(budget_mib=max(sizes) / 2**20)
+    assert sum(sizes) > cache.budget_bytes
+    for pid in (0, 1, 2, 3, 0):
+        cache(key, pid)
+    assert 1 <= len(cache) < 4 and cache.nbytes <= cache.budget_bytes
+    assert cache(key, 0) is cache(key, 0)  # the newest is kept
+    for pid, data in enumerate(first):
+        again = cache(key, pid)
+        for a, b in ((data.train, again.train), (data.test, again.test)):
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    tiny = DecodedPartitions(budget_mib=0)  # never less than the partition in use
+    assert tiny(key, 1) is tiny(key, 1) and len(tiny) == 1
+
+
+def test_the_decoded_cache_budget_changes_costs_not_results(
+    grey_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FedReG with every partition kept decoded, and with none kept (each message decodes
+    its partition again and rebuilds the rebalanced set from its seed): the same run."""
+    config = {
+        "algo": "fedreg", "dataset-path": str(grey_dataset), "local-epochs": 1,
+        "fraction-train": 0.5, "min-partition-size": 5, "seed": 11, "num-server-rounds": 2,
+    }  # fmt: skip
+    runs = []
+    for budget in ("1024", "0"):
+        monkeypatch.setenv(DECODED_CACHE_MIB, budget)
+        load_client_data.cache_clear()
+        folder = tmp_path / f"budget-{budget}"
+        _, stopped = run_server({**config, "results-dir": str(folder)})
+        assert stopped is None
+        rounds = results(folder)["rounds"]
+        runs.append([(r["global_accuracy"], r["personal_accuracy"], r["client_accuracies"])
+                     for r in rounds])  # fmt: skip
+    assert runs[0] == runs[1]
