@@ -28,9 +28,23 @@ def row(results: dict) -> str:
 def main() -> None:
     print("| algo | best global % | best personal % | s/round (median, r>1) | train s | status |")
     print("|---|---|---|---|---|---|")
+    pairs = []
     for folder in sys.argv[1:]:
         for path in sorted(Path(folder).glob("*/results.json")):
-            print(row(json.loads(path.read_text())))
+            results = json.loads(path.read_text())
+            print(row(results))
+            pairs.append(summary_pair(results))
+    print(f"summarize: runs={len(pairs)} {' '.join(pairs)}")
+
+
+def summary_pair(results: dict) -> str:
+    """``algo=global/personal`` best accuracies in percent, for the one summary line."""
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.2f}"
+
+    return (f"{results['config']['algo']}={pct(results.get('best_global_accuracy'))}"
+            f"/{pct(results.get('best_personal_accuracy'))}")  # fmt: skip
 
 
 if __name__ == "__main__":

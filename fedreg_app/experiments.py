@@ -20,9 +20,17 @@ A config file is a run config (the keys of ``[tool.flwr.app.config]``) plus an o
 Every cell (grid values x algorithm) runs once per seed into
 ``<out>/<name>/<cell>/seed<k>/``; a run whose folder already holds a finished
 ``results.json`` (status ``completed``, or ``degraded``: it ran to its end but some client
-replies were missing) is skipped, so an interrupted grid resumes where it stopped. A
-``failed`` run, or one that left no ``results.json``, is run again next time; the runner
-lists such runs at the end and exits non-zero. The summary table marks degraded figures.
+replies were missing) is skipped. A run that was interrupted (the runner stopped by
+Ctrl-C, SIGTERM or ``--max-minutes``, or killed with the machine) continues from its
+last checkpoint (``resume``), in the same run folder, with the same client state dir
+(``<seed folder>/state`` for algorithms whose clients keep state): its results equal an
+uninterrupted run's. A checkpoint that cannot be trusted is reported by folder and error
+and that run is left alone, unless ``--restart-damaged`` asks to start it anew. A
+``failed`` run, or one that left no checkpoint, is run again from round 1; the runner
+lists failed runs at the end and exits non-zero. The summary table marks degraded
+figures. Exit status: 0 every run finished, 1 some run failed or cannot be resumed, 2 a
+bad command line or config, 3 stopped by ``--max-minutes`` (resumable), 130 / 143
+stopped by SIGINT / SIGTERM (resumable).
 
     fedreg-experiment configs/smoke.toml --seeds 3 --algos fedreg,fedavg \\
         --set dataset-path=../shared/data/fashion_mnist
@@ -31,23 +39,31 @@ lists such runs at the end and exits non-zero. The summary table marks degraded 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
+import shlex
+import shutil
+import signal
 import sys
 import tempfile
 import textwrap
 import time
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedreg_app.checkpoint import FOLDER as CHECKPOINT_FOLDER
+from fedreg_app.checkpoint import STATE as CHECKPOINT_STATE
+from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.launcher import LocalSuperLink
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
-from fedreg_app.registry import load_config
+from fedreg_app.persist import save_json
+from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.reports import (
     DEGRADED,
     FINISHED,
@@ -60,6 +76,12 @@ from fedreg_app.reports import (
 )
 
 EXPERIMENT_TABLE = "experiment"
+#: A run's own client state dir, in its seed folder (algorithms whose clients keep state).
+STATE_FOLDER = "state"
+#: What the runner notes in a run folder: it stopped the run, or started it anew elsewhere.
+MARKER = "runner.json"
+EXIT_FAILED = 1  # some run failed, or its checkpoint cannot be trusted
+EXIT_TIME_UP = 3  # stopped by --max-minutes; the same command continues
 
 
 @dataclass(frozen=True)
@@ -127,7 +149,10 @@ class RunSpec:
     folder: Path
     clients: int
     num_rounds: int  # from the validated config: the file may leave it to the default
+    keeps_state: bool = False  # the algorithm's clients carry state from round to round
+    own_state_dir: bool = False  # ``<folder>/state``, made by the runner (not --set)
     result: dict[str, Any] | None = field(default=None, repr=False)
+    problem: str | None = field(default=None, repr=False)  # why it was not run
 
     def _documents(self) -> list[tuple[Path, dict[str, Any]]]:
         """Every run's results in this folder, oldest first (run folders sort by time); an
@@ -149,6 +174,8 @@ class RunSpec:
 
     def failure(self) -> str:
         """Why this seed has no finished run: the newest run's folder, status and error."""
+        if self.problem:
+            return self.problem
         documents = self._documents()
         if not documents:
             return f"no results.json in {self.folder}; see {self.folder / 'flwr.log'}"
@@ -160,6 +187,10 @@ class RunSpec:
         error = "\n" + textwrap.indent(f"error: {run['error']}", "    ") if run.get("error") else ""
         return f"{path.parent} ({status}){error}"
 
+    def run_folders(self) -> list[Path]:
+        """The ServerApp's run folders in this seed's folder, oldest first."""
+        return sorted(path.parent for path in self.folder.glob("*/results.json"))
+
     def rounds_done(self) -> int:
         """Rounds written by the run in progress (the newest run folder)."""
         paths = sorted(self.folder.glob("*/results.json"))
@@ -169,6 +200,11 @@ class RunSpec:
             return len(json.loads(paths[-1].read_text())["rounds"])
         except (json.JSONDecodeError, KeyError):
             return 0
+
+    @property
+    def state_dir(self) -> Path | None:
+        value = self.run_config.get("state-dir")
+        return Path(value) if value else None
 
     def describe(self) -> str:
         extras = " ".join(f"{k}={v}" for k, v in self.cell.items() if k != "algo")
@@ -202,6 +238,9 @@ def run_spec(
     declared: dict[str, Any],
     overrides: dict[str, Any],
 ) -> RunSpec:
+    """One run's config. Where the algorithm's clients keep state (FedReG's private head,
+    Ditto's personal model, FedDyn's correction, ...), the run gets its own persistent
+    ``state-dir`` in its seed folder (unless one is set), so that it can be resumed."""
     folder = out / experiment.name / cell_id(cell) / f"seed{seed}"
     run_config = {
         **experiment.run_config,
@@ -214,9 +253,15 @@ def run_spec(
     if run_config.get("dataset-path"):  # the ServerApp runs in another working directory
         run_config["dataset-path"] = str(Path(run_config["dataset-path"]).resolve())
     config = load_config({**declared, **run_config})
+    keeps_state = get_algorithm(config.algo).client.keeps_state()
+    own_state_dir = keeps_state and not config.state_dir
+    if own_state_dir:
+        run_config["state-dir"] = str((folder / STATE_FOLDER).resolve())
+    elif config.state_dir:
+        run_config["state-dir"] = str(Path(config.state_dir).expanduser().resolve())
     return RunSpec(
         experiment.name, cell, seed, run_config, folder, experiment.clients,
-        config.num_server_rounds,
+        config.num_server_rounds, keeps_state, own_state_dir,
     )  # fmt: skip
 
 
@@ -236,28 +281,144 @@ def toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a TOML basic string
 
 
-class Progress:
-    """Runs and rounds done, elapsed time and an estimate of the time left."""
+# ------------------------------------------------------------- resuming runs
+@dataclass
+class Attempt:
+    """How a pending run goes on: resumed from a run folder's checkpoint (``resume``,
+    after round ``after_round``), started anew (``resume`` None), or not at all
+    (``problem``: its checkpoint cannot be trusted). ``note`` says why, for the log."""
 
-    def __init__(self, specs: list[RunSpec], write: Callable[[str], None] = print) -> None:
+    resume: Path | None = None
+    after_round: int = 0
+    note: str | None = None
+    problem: str | None = None
+
+
+def read_marker(run_folder: Path) -> dict[str, Any]:
+    """What the runner noted in a run folder (``stopped``: it stopped the run itself;
+    ``abandoned``: the run was started anew elsewhere)."""
+    try:
+        marker = json.loads((run_folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def write_marker(run_folder: Path, **fields: Any) -> None:
+    if run_folder.is_dir():
+        marker = {**fields, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        save_json(run_folder / MARKER, marker)
+
+
+def checkpoint_round(run_folder: Path | None) -> int:
+    """The round of the run folder's committed checkpoint (0 if none can be read)."""
+    if run_folder is None:
+        return 0
+    try:
+        value = json.loads((run_folder / CHECKPOINT_FOLDER / CHECKPOINT_STATE).read_text())
+        return int(value["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = False) -> Attempt:
+    """Resume the newest run folder that holds a checkpoint, if its run was interrupted
+    (status ``running``: killed with no time to write; or stopped by the runner itself);
+    a ``failed`` run (an error of its own) and a seed with no checkpoint start anew, and so
+    does a run whose config changed since. A checkpoint, ``results.json`` or client state
+    that cannot be trusted stops the run from going on: reported, and started anew in a
+    fresh folder only with ``restart_damaged`` (the damaged folder is kept, marked)."""
+    folders = [
+        f for f in reversed(spec.run_folders())
+        if (f / CHECKPOINT_FOLDER / CHECKPOINT_STATE).exists()
+        and not read_marker(f).get("abandoned")
+    ]  # fmt: skip
+    if not folders:
+        return Attempt()
+    folder = folders[0]
+    try:
+        document = json.loads((folder / "results.json").read_text())
+        status = run_status(document)
+    except (OSError, ValueError) as err:
+        return _damaged(folder, f"results.json is unreadable ({err})", restart_damaged)
+    if status in FINISHED:
+        return Attempt()
+    if status == "failed" and not read_marker(folder).get("stopped"):
+        error = first_line(str(document.get("run", {}).get("error", "")))
+        return Attempt(note=f"{folder} failed ({error}); starting the run anew")
+    try:
+        checkpoint, _ = Checkpoint.load(folder)
+    except ConfigError as err:
+        return _damaged(folder, str(err), restart_damaged)
+    try:
+        config = load_config({**declared, **spec.run_config, "resume": str(folder)})
+        checkpoint.check_compatible(config)
+    except ConfigError as err:
+        return Attempt(note=f"{folder} cannot be resumed with this config ({err}); starting anew")
+    if spec.keeps_state:
+        then = checkpoint.run_config.get("state-dir") or ""
+        state = spec.state_dir / "runs" / checkpoint.state_key if spec.state_dir else None
+        if not then:
+            return Attempt(note=f"{folder} kept its clients' state in memory only; starting anew")
+        if state is None or not state.is_dir():
+            problem = f"its clients' private state is missing (expected {state})"
+            return _damaged(folder, problem, restart_damaged)
+    return Attempt(folder, checkpoint.round, f"resuming {folder} after round {checkpoint.round}")
+
+
+def _damaged(folder: Path, error: str, restart: bool) -> Attempt:
+    if restart:
+        write_marker(folder, abandoned=error)
+        return Attempt(note=f"cannot resume {folder}: {error}; starting anew (--restart-damaged)")
+    return Attempt(problem=(
+        f"cannot resume {folder}: {error}\n    the folder is left as it is; add "
+        "--restart-damaged to start this run anew in a fresh folder"
+    ))  # fmt: skip
+
+
+def first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0][:200] if lines else "no error recorded"
+
+
+# ------------------------------------------------------------------ progress
+class Progress:
+    """Runs and rounds done over the whole grid, seconds per round measured so far in this
+    invocation, elapsed time and an estimate of the time left (and when that is)."""
+
+    def __init__(self, specs: list[RunSpec]) -> None:
         self.total_rounds = sum(s.num_rounds for s in specs)
-        self.rounds_before = 0
+        self.rounds_closed = 0  # rounds of the runs finished, skipped or given up
+        self.fresh_closed = 0  # of those, rounds computed in this invocation
+        self.run_start = 0  # rounds the current run had when this invocation started it
         self.started = time.monotonic()
-        self.rounds_at_start = 0
-        self.write = write
 
     def skip(self, spec: RunSpec) -> None:
-        self.rounds_before += spec.num_rounds
-        self.rounds_at_start += spec.num_rounds
+        self.rounds_closed += spec.num_rounds
+
+    def start(self, rounds_at_start: int) -> None:
+        self.run_start = rounds_at_start
+
+    def close(self, spec: RunSpec, rounds_in_run: int) -> None:
+        self.rounds_closed += spec.num_rounds
+        self.fresh_closed += max(0, rounds_in_run - self.run_start)
+        self.run_start = 0
+
+    def done(self, rounds_in_run: int = 0) -> int:
+        return self.rounds_closed + rounds_in_run
 
     def line(self, index: int, total: int, spec: RunSpec, rounds_in_run: int) -> str:
-        done = self.rounds_before + rounds_in_run
+        done = self.done(rounds_in_run)
         elapsed = time.monotonic() - self.started
-        fresh = done - self.rounds_at_start
-        left = (self.total_rounds - done) * elapsed / fresh if fresh > 0 else math.nan
+        fresh = self.fresh_closed + max(0, rounds_in_run - self.run_start)
+        per_round = elapsed / fresh if fresh > 0 else math.nan
+        left = (self.total_rounds - done) * per_round
+        eta = "" if math.isnan(left) else f", ETA {_wall_clock(left)}"
         return (
             f"[run {index}/{total} | round {rounds_in_run}/{spec.num_rounds}] {spec.describe()}"
-            f" | elapsed {_clock(elapsed)} | left ~{_clock(left)}"
+            f" | grid {done}/{self.total_rounds} rounds"
+            f" | {'?' if math.isnan(per_round) else f'{per_round:.1f}'} s/round"
+            f" | elapsed {_clock(elapsed)} | left ~{_clock(left)}{eta}"
         )
 
 
@@ -269,9 +430,67 @@ def _clock(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def run_all(specs: list[RunSpec], home: Path, poll_seconds: float = 5.0) -> list[RunSpec]:
-    """Run what is not finished yet, one run at a time, through one SuperLink; returns the
-    runs that are still not finished (failed, or no results.json)."""
+def _wall_clock(seconds_from_now: float) -> str:
+    """The local time that many seconds from now: ``21:35``, with the date past a day."""
+    moment = time.localtime(time.time() + seconds_from_now)
+    return time.strftime("%H:%M" if seconds_from_now < 20 * 3600 else "%Y-%m-%d %H:%M", moment)
+
+
+# -------------------------------------------------------------------- running
+class Stop(BaseException):
+    """The runner stops before the grid is done, leaving every run resumable: on a signal
+    (exit status 128 + its number) or when ``--max-minutes`` is up (3)."""
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        super().__init__(reason)
+        self.reason, self.exit_code = reason, exit_code
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT (Ctrl-C) and SIGTERM raise :class:`Stop` in the main thread; the runner then
+    stops the SuperLink and the simulation by PID. Further signals while it does so are
+    ignored, so that nothing it started is left behind."""
+
+    def handler(signum: int, _frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        name = signal.Signals(signum).name
+        raise Stop(f"stopped by {name}", 128 + signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@dataclass
+class Limits:
+    """When to stop: ``deadline`` (a time.monotonic() value; None = never) is honoured at
+    a round boundary, once this invocation has done at least one round."""
+
+    deadline: float | None = None
+    restart_damaged: bool = False
+
+    def time_up(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def run_all(
+    specs: list[RunSpec],
+    home: Path,
+    poll_seconds: float = 5.0,
+    limits: Limits | None = None,
+    declared: dict[str, Any] | None = None,
+) -> list[RunSpec]:
+    """Run what is not finished yet, one run at a time, through one SuperLink, resuming
+    interrupted runs from their checkpoints; returns the runs that are still not finished
+    (failed, not resumable, or no results.json). Raises :class:`Stop` when stopped early,
+    after the SuperLink and everything it started are stopped."""
+    limits = limits or Limits()
+    declared = declared if declared is not None else declared_run_config()
     progress = Progress(specs)
     pending = []
     for spec in specs:
@@ -285,25 +504,120 @@ def run_all(specs: list[RunSpec], home: Path, poll_seconds: float = 5.0) -> list
     )
     if not pending:
         return []
-    with LocalSuperLink(home) as superlink:
-        for index, spec in enumerate(pending, start=len(specs) - len(pending) + 1):
-            spec.folder.mkdir(parents=True, exist_ok=True)
-            config_file = write_run_config(spec.run_config, spec.folder)
-            log_path = spec.folder / "flwr.log"
-            last = -1
-            for _ in superlink.run_polling(str(config_file), spec.clients, log_path, poll_seconds):
-                rounds = spec.rounds_done()
-                if rounds != last:
-                    print(progress.line(index, len(specs), spec, rounds), flush=True)
-                    last = rounds
-            config_file.unlink(missing_ok=True)
-            spec.result = spec.finished_results()
-            progress.rounds_before += spec.num_rounds
-            if spec.result is None:
-                print(f"run failed: {spec.describe()}: {spec.failure()}", file=sys.stderr)
-            else:
-                print(f"done: {done_line(spec)}", flush=True)
+    session = Session(progress, limits, len(specs), poll_seconds, declared)
+    try:
+        with LocalSuperLink(home) as superlink:
+            try:
+                for index, spec in enumerate(pending, start=len(specs) - len(pending) + 1):
+                    session.run(superlink, index, spec)
+            except Stop as stop:
+                session.mark_stopped(stop)  # before the SuperLink goes
+                raise
+    except Stop as stop:
+        session.report_stop(stop)
+        raise
     return [s for s in specs if s.result is None]
+
+
+class Session:
+    """The runs of one invocation: starts or resumes each, reports progress, and stops
+    at a round boundary when the time is up."""
+
+    def __init__(
+        self, progress: Progress, limits: Limits, total: int, poll_seconds: float,
+        declared: dict[str, Any],
+    ) -> None:  # fmt: skip
+        self.progress, self.limits, self.total = progress, limits, total
+        self.poll_seconds = min(poll_seconds, 0.5) if limits.deadline is not None else poll_seconds
+        self.declared = declared
+        self.rounds_run = 0  # rounds this invocation completed (a slice does at least one)
+        self.current: Path | None = None  # the run folder in progress
+        self.spec: RunSpec | None = None
+        self.before: set[Path] = set()  # the seed's run folders before the run started
+
+    def find_run_folder(self) -> None:
+        """A new run's folder, once the ServerApp has made it."""
+        if self.current is None and self.spec is not None:
+            new = [f for f in self.spec.run_folders() if f not in self.before]
+            self.current = new[-1] if new else None
+
+    def run(self, superlink: LocalSuperLink, index: int, spec: RunSpec) -> None:
+        if self.rounds_run and self.limits.time_up():
+            raise Stop("stopped by --max-minutes", EXIT_TIME_UP)
+        attempt = decide(spec, self.declared, self.limits.restart_damaged)
+        if attempt.problem:
+            spec.problem = attempt.problem
+            print(f"not run: {spec.describe()}: {attempt.problem}", file=sys.stderr, flush=True)
+            self.progress.close(spec, 0)
+            return
+        if attempt.note:
+            print(f"{spec.describe()}: {attempt.note}", flush=True)
+        spec.folder.mkdir(parents=True, exist_ok=True)
+        run_config = dict(spec.run_config)
+        if attempt.resume is not None:
+            run_config["resume"] = str(attempt.resume)
+            (attempt.resume / MARKER).unlink(missing_ok=True)  # running again
+        elif spec.own_state_dir and spec.state_dir is not None:
+            shutil.rmtree(spec.state_dir / "runs", ignore_errors=True)  # nothing resumes it
+        self.before = set(spec.run_folders())
+        self.spec, self.current = spec, attempt.resume
+        self.progress.start(attempt.after_round)
+        config_file = write_run_config(run_config, spec.folder)
+        log_path = spec.folder / "flwr.log"
+        last, boundary = -1, None
+        polling = superlink.run_polling(str(config_file), spec.clients, log_path,
+                                        self.poll_seconds)  # fmt: skip
+        try:
+            for _ in polling:
+                self.find_run_folder()
+                rounds = checkpoint_round(self.current)
+                if rounds != last:
+                    print(self.progress.line(index, self.total, spec, rounds), flush=True)
+                    self.rounds_run += max(0, rounds - max(last, attempt.after_round))
+                    last = rounds
+                if boundary is None and self.limits.time_up():
+                    boundary = rounds  # stop once the round in progress is checkpointed
+                if boundary is not None and rounds > boundary:
+                    raise Stop("stopped by --max-minutes", EXIT_TIME_UP)
+        finally:
+            polling.close()  # ends `flwr run` at once, also when stopped mid-run
+            config_file.unlink(missing_ok=True)
+        rounds = checkpoint_round(self.current)
+        self.rounds_run += max(0, rounds - max(last, attempt.after_round))
+        self.progress.close(spec, rounds)
+        self.spec, self.current = None, None
+        spec.result = spec.finished_results()
+        if spec.result is None:
+            print(f"run failed: {spec.describe()}: {spec.failure()}", file=sys.stderr)
+            return
+        if spec.own_state_dir and spec.state_dir is not None:
+            shutil.rmtree(spec.state_dir, ignore_errors=True)  # only a resume would need it
+        print(f"done: {done_line(spec)}", flush=True)
+
+    def mark_stopped(self, stop: Stop) -> None:
+        """Note in the run folder in progress that the runner stopped it, so that the
+        ``failed`` status the ServerApp may write on its way out reads as resumable."""
+        self.find_run_folder()
+        if self.spec is not None and self.current is not None:
+            write_marker(self.current, stopped=stop.reason)
+
+    def report_stop(self, stop: Stop) -> None:
+        """Where the grid stands, once the SuperLink and the simulation are stopped."""
+        where = ""
+        if self.spec is not None and self.current is not None:
+            rounds = checkpoint_round(self.current)
+            where = (
+                f"; {self.spec.describe()} stopped after round {rounds}/{self.spec.num_rounds}"
+                f" (checkpoint in {self.current})"
+            )
+        elif self.spec is not None:
+            where = f"; {self.spec.describe()} stopped before its first checkpoint"
+        done = self.progress.done(checkpoint_round(self.current) if self.spec else 0)
+        print(
+            f"{stop.reason}{where}; grid {done}/{self.progress.total_rounds} rounds done",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def done_line(spec: RunSpec) -> str:
@@ -406,6 +720,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="fedreg-experiment",
         description="Run config files x algorithms x seeds in Flower's simulation; "
         "resumable; prints mean ± std over seeds.",
+        epilog="Exit status: 0 every run finished; 1 some run failed or cannot be resumed; "
+        "2 bad arguments or config; 3 stopped by --max-minutes; 130/143 stopped by "
+        "SIGINT/SIGTERM. After 3, 130 or 143 the same command continues where it stopped.",
     )
     parser.add_argument("configs", nargs="+", type=Path, help="config files (configs/*.toml)")
     parser.add_argument("--seeds", type=int, help="seeds per cell (default: the file's)")
@@ -414,7 +731,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="override a run-config key in every run (repeatable)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("experiments"), help="results root")
     parser.add_argument("--dry-run", action="store_true", help="list the runs and stop")
+    parser.add_argument("--max-minutes", type=float, metavar="N",
+                        help="stop at the first round boundary after N minutes (at least one "
+                        "round is run); exit status 3; the same command continues")  # fmt: skip
+    parser.add_argument("--restart-damaged", action="store_true",
+                        help="start runs whose checkpoint cannot be trusted anew, in a fresh "
+                        "folder (default: name them and leave them alone)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.max_minutes is not None and not args.max_minutes >= 0:
+        parser.error(f"--max-minutes={args.max_minutes} is not allowed: expected >= 0")
 
     declared = declared_run_config()
     try:
@@ -428,7 +753,21 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             print(f"{spec.describe()} -> {spec.folder}")
         return 0
-    run_all(specs, args.out / ".flwr_home")
+    deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
+    limits = Limits(deadline, args.restart_damaged)
+    try:
+        with stop_on_signals():
+            run_all(specs, args.out / ".flwr_home", limits=limits, declared=declared)
+    except Stop as stop:
+        finished = sum(s.result is not None for s in specs)
+        again = shlex.join(["fedreg-experiment", *(sys.argv[1:] if argv is None else argv)])
+        print(
+            f"{finished} of {len(specs)} runs finished; every other run is resumable. "
+            f"Continue with the same command:\n  {again}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return stop.exit_code
     return finish(specs, args.out)
 
 
@@ -444,7 +783,7 @@ def finish(specs: list[RunSpec], out: Path) -> int:
             print(f"wrote {path}")
     if any(s.result is None for s in specs):
         print(failure_report(specs), file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     return 0
 
 

@@ -140,8 +140,12 @@ class ResultsWriter:
             "run_id": run["run_id"], "after_round": after_round,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }]  # fmt: skip
+        # What the interrupted attempt concluded (an error, a status, an end time) is not
+        # this attempt's: it is decided again when the resumed run ends.
+        earlier = {k: v for k, v in document["run"].items()
+                   if k not in ("error", "finished", "status")}  # fmt: skip
         continued = {
-            **document["run"], **run, "resumed": resumes,
+            **earlier, **run, "resumed": resumes, "status": RUNNING,
             "run_id": document["run"]["run_id"],  # the first run's id names the folder
         }  # fmt: skip
         kept = [RoundRecord(**r) for r in document["rounds"][:after_round]]

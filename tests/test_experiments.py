@@ -4,26 +4,41 @@ degraded and failed runs."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fedreg_app import experiments
+from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.experiments import (
     Experiment,
     RunSpec,
     cell_id,
+    checkpoint_round,
+    decide,
     main,
     markdown_table,
     plan,
+    read_marker,
     summarize,
+    write_marker,
     write_run_config,
 )
+from fedreg_app.launcher import kill_tree
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
+from fedreg_app.registry import load_config
 from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, mean_std
 
 DECLARED = declared_run_config()
@@ -385,3 +400,309 @@ variants = { fedreg = {}, a = { fedreg-head-weight = "original" }, fedavg = { al
     assert "fedreg-head-weight" not in specs[0].run_config
     assert specs[2].run_config["algo"] == "fedavg"
     assert specs[1].folder.parent.name == "fedreg__variant-a"
+
+
+# ------------------------------------------------- resuming interrupted runs
+def interrupted_run(spec: RunSpec, status: str, name: str = "20250101-000000_run1") -> Path:
+    """A run folder as an interrupted run leaves it: results.json with one round, a round-1
+    checkpoint made with the spec's config, and (for FedReG) its clients' state."""
+    folder = spec.folder / name
+    folder.mkdir(parents=True)
+    document = results_document("completed")
+    document["run"]["status"] = status
+    (folder / "results.json").write_text(json.dumps(document))
+    config = load_config({**DECLARED, **spec.run_config})
+    Checkpoint(
+        round=1, model={"w": np.ones(3, np.float32)}, strategy_arrays={}, strategy_state={},
+        state_key=name, run_config=config.to_run_config(),
+    ).save(folder)  # fmt: skip
+    (spec.state_dir / "runs" / name / "partition-0").mkdir(parents=True)
+    return folder
+
+
+def test_fedreg_runs_get_their_own_state_dir_and_fedavg_runs_none(tmp_path: Path) -> None:
+    (spec,) = one_cell_specs(tmp_path, 1)  # fedreg: its clients keep a private head
+    assert spec.keeps_state and spec.state_dir == (spec.folder / "state").resolve()
+    fedavg = plan([grid_experiment(tmp_path)], tmp_path, DECLARED, {}, algos=("fedavg",))[0]
+    assert not fedavg.keeps_state and "state-dir" not in fedavg.run_config
+    shared = plan([grid_experiment(tmp_path)], tmp_path, DECLARED,
+                  {"state-dir": str(tmp_path / "mine")}, algos=("fedreg",))[0]  # fmt: skip
+    assert shared.state_dir == tmp_path / "mine" and not shared.own_state_dir
+
+
+def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path) -> None:
+    killed, stopped, failed = one_cell_specs(tmp_path, 3)
+    folder = interrupted_run(killed, "running")  # SIGKILL: no time to write anything
+    attempt = decide(killed, DECLARED)
+    assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, 1, None)
+    # The ServerApp writes "failed" when the runner stops it; the runner's note says why.
+    folder = interrupted_run(stopped, "failed")
+    assert decide(stopped, DECLARED).resume is None  # a failure of its own: from round 1
+    write_marker(folder, stopped="stopped by SIGTERM")
+    assert decide(stopped, DECLARED).resume == folder
+    interrupted_run(failed, "failed")
+    assert "starting the run anew" in decide(failed, DECLARED).note
+    # A changed config cannot continue the old run: it starts anew, and says so.
+    changed = {**killed.run_config, "local-epochs": 7}
+    attempt = decide(RunSpec(**{**killed.__dict__, "run_config": changed}), DECLARED)
+    assert attempt.resume is None and "local-epochs" in attempt.note
+
+
+@pytest.mark.parametrize("damage", ["model", "state", "client-state", "results"])
+def test_a_damaged_run_folder_is_named_and_restarted_only_when_asked(
+    tmp_path: Path, damage: str
+) -> None:
+    (spec,) = one_cell_specs(tmp_path, 1)
+    folder = interrupted_run(spec, "running")
+    checkpoint = folder / "checkpoint"
+    if damage == "model":
+        [model] = checkpoint.glob("round-*/model.npz")
+        model.write_bytes(model.read_bytes()[:-10])
+    elif damage == "state":
+        (checkpoint / "state.json").write_text("{garbage")
+    elif damage == "client-state":
+        shutil.rmtree(spec.state_dir)
+    else:
+        (folder / "results.json").write_text("{")
+    attempt = decide(spec, DECLARED)
+    assert attempt.resume is None and str(folder) in attempt.problem
+    assert "--restart-damaged" in attempt.problem
+    expected = {"model": "model.npz", "state": "state.json", "client-state": "private state",
+                "results": "results.json"}[damage]  # fmt: skip
+    assert expected in attempt.problem
+    again = decide(spec, DECLARED, restart_damaged=True)
+    assert again.resume is None and again.problem is None and str(folder) in again.note
+    assert read_marker(folder)["abandoned"]  # kept, and never resumed later
+    assert decide(spec, DECLARED) == experiments.Attempt()
+
+
+def test_a_damaged_run_is_reported_and_the_runner_exits_non_zero(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    config = write(tmp_path / "t2.toml", "[experiment]\nname = 't2'\nseeds = 1\n")
+    out = tmp_path / "out"
+    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
+    folder = interrupted_run(spec, "running")
+    (folder / "checkpoint" / "state.json").write_text("{garbage")
+    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(FakeSuperLink, "started", [])
+    monkeypatch.setattr(FakeSuperLink, "outcome", {})
+    assert main([str(config), "--out", str(out)]) == 1
+    assert FakeSuperLink.started == []  # not run over
+    err = capsys.readouterr().err
+    assert f"cannot resume {folder}: checkpoint file" in err and "state.json" in err
+    assert err.count("--restart-damaged") == 2  # when found, and in the final report
+
+
+# ----------------------------------- interrupted for real, then resumed (e2e)
+def tiny_fedreg(folder: Path, dataset: Path) -> Path:
+    """One FedReG run of 4 rounds on 4 clients: its clients keep a private head, so a
+    resume needs their state on disk."""
+    return write(
+        folder / "tiny.toml",
+        f"""
+algo = "fedreg"
+dataset-path = "{dataset}"
+num-server-rounds = 4
+local-epochs = 1
+fraction-train = 0.5
+min-partition-size = 5
+[experiment]
+name = "tiny"
+clients = 4
+""",
+    )
+
+
+def only_run_folder(out: Path) -> Path:
+    [results] = (out / "tiny" / "fedreg" / "seed0").glob("*/results.json")
+    return results.parent
+
+
+def assert_equal_runs(folder: Path, reference: Path) -> None:
+    """Every round's accuracies and sampled clients, and the final global model, equal
+    bit for bit."""
+    ran, expected = (json.loads((f / "results.json").read_text()) for f in (folder, reference))
+    assert ran["run"]["status"] == expected["run"]["status"] == "completed"
+    keys = ("round", "sampled_clients", "global_accuracy", "personal_accuracy",
+            "client_accuracies")  # fmt: skip
+    assert [[r[k] for k in keys] for r in ran["rounds"]] == [
+        [r[k] for k in keys] for r in expected["rounds"]
+    ]
+    final, reference_model = Checkpoint.load(folder)[0], Checkpoint.load(reference)[0]
+    assert final.round == reference_model.round == 4
+    assert final.model.keys() == reference_model.model.keys()
+    assert all(np.array_equal(final.model[k], reference_model.model[k]) for k in final.model)
+
+
+def processes_using(path: Path) -> list[int]:
+    """PIDs whose command line names ``path`` (the runner's SuperLink names its home)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and str(path) in (entry / "cmdline").read_text():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(grey_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the same grid run without interruption."""
+    root = tmp_path_factory.mktemp("whole")
+    assert main([str(tiny_fedreg(root, grey_dataset)), "--out", str(root / "out")]) == 0
+    return only_run_folder(root / "out")
+
+
+@pytest.mark.e2e
+def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterrupted_run(
+    uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
+) -> None:
+    """SIGTERM to the fedreg-experiment process (by PID) once round 1 is checkpointed: it
+    stops the SuperLink and the simulation, exits 143 saying how to continue; the same
+    command then resumes that run folder after its checkpoint's round (the rounds before
+    are kept, not recomputed) and ends with the uninterrupted run's accuracies and
+    model."""
+    config, out = tiny_fedreg(tmp_path, grey_dataset), tmp_path / "out"
+    command = [sys.executable, "-m", "fedreg_app.experiments", str(config), "--out", str(out)]
+    with (tmp_path / "first.log").open("w") as log:
+        runner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            seed = out / "tiny" / "fedreg" / "seed0"
+            deadline = time.monotonic() + 300
+            while not any(checkpoint_round(f.parent.parent) >= 1
+                          for f in seed.glob("*/checkpoint/state.json")):  # fmt: skip
+                assert runner.poll() is None and time.monotonic() < deadline, "no round 1"
+                time.sleep(0.05)
+            os.kill(runner.pid, signal.SIGTERM)
+            assert runner.wait(timeout=120) == 128 + signal.SIGTERM
+        finally:
+            kill_tree(runner)  # only if the test failed: the runner and what it started
+    printed = (tmp_path / "first.log").read_text()
+    assert "stopped by SIGTERM" in printed and "Continue with the same command" in printed
+    assert processes_using(out / ".flwr_home") == []  # SuperLink, simulation: all gone
+    folder = only_run_folder(out)
+    stopped_at = checkpoint_round(folder)
+    assert 1 <= stopped_at < 4, printed
+    before = json.loads((folder / "results.json").read_text())["rounds"][:stopped_at]
+    assert read_marker(folder)["stopped"] == "stopped by SIGTERM"
+    assert main([str(config), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming {folder} after round {stopped_at}" in printed
+    assert only_run_folder(out) == folder  # the same run folder, continued
+    results = json.loads((folder / "results.json").read_text())
+    assert [r["after_round"] for r in results["run"]["resumed"]] == [stopped_at]
+    # The rounds before the checkpoint are the first attempt's records, timings and all:
+    # only rounds stopped_at + 1 .. 4 were computed again.
+    assert results["rounds"][:stopped_at] == before
+    assert_equal_runs(folder, uninterrupted)
+    assert not (out / "tiny" / "fedreg" / "seed0" / "state").exists()  # finished: freed
+
+
+@pytest.mark.e2e
+def test_max_minutes_stops_at_a_round_boundary_and_the_rerun_completes_the_grid(
+    uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
+) -> None:
+    """``--max-minutes 0``: every slice runs at least one round, so this one stops right
+    after round 1's checkpoint, with exit status 3; the rerun finishes the grid."""
+    config, out = tiny_fedreg(tmp_path, grey_dataset), tmp_path / "out"
+    assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
+    printed = capsys.readouterr()
+    folder = only_run_folder(out)
+    stopped_at = checkpoint_round(folder)
+    assert "stopped by --max-minutes" in printed.err
+    assert f"stopped after round {stopped_at}/4" in printed.err and 1 <= stopped_at < 4
+    assert "Continue with the same command" in printed.err
+    assert re.search(
+        r"\[run 1/1 \| round 1/4\] .* \| grid 1/4 rounds \| [\d.]+ s/round", printed.out
+    )
+    assert main([str(config), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "grid 4/4 rounds" in printed and "ETA" in printed
+    assert_equal_runs(only_run_folder(out), uninterrupted)
+
+
+class RoundsSuperLink(FakeSuperLink):
+    """A "run" that writes one round (results and checkpoint) per poll, from the round its
+    ``resume`` folder's checkpoint holds, and records each run config it was given."""
+
+    configs: list[dict[str, Any]] = []
+
+    def run_polling(
+        self, config_file: str, clients: int, log_path: Path, poll: float
+    ) -> Iterator[None]:
+        run_config = tomllib.loads(Path(config_file).read_text())
+        RoundsSuperLink.configs.append(run_config)
+        folder = Path(run_config.get("resume") or Path(run_config["results-dir"]) / "run1")
+        folder.mkdir(exist_ok=True)
+        config = load_config({**DECLARED, **run_config}).to_run_config()
+        document = results_document("completed")
+        document["run"]["status"] = "running"
+        for server_round in range(checkpoint_round(folder) + 1, config["num-server-rounds"] + 1):
+            yield
+            document["rounds"] = [document["rounds"][0]] * server_round
+            (folder / "results.json").write_text(json.dumps(document))
+            Checkpoint(
+                round=server_round, model={"w": np.ones(2)}, strategy_arrays={},
+                strategy_state={}, state_key=folder.name, run_config=config,
+            ).save(folder)  # fmt: skip
+            Path(config["state-dir"], "runs", folder.name).mkdir(parents=True, exist_ok=True)
+        document["run"]["status"] = "completed"
+        (folder / "results.json").write_text(json.dumps(document))
+        yield
+
+
+def test_max_minutes_stops_after_a_round_and_the_rerun_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Without Flower: ``--max-minutes 0`` stops once one round is checkpointed (exit 3,
+    the run marked as stopped by the runner); the same command resumes that folder."""
+    config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
+    monkeypatch.setattr(RoundsSuperLink, "configs", [])
+    assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
+    printed = capsys.readouterr()
+    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
+    folder = spec.folder / "run1"
+    assert checkpoint_round(folder) == 1 and read_marker(folder)["stopped"]
+    assert "stopped by --max-minutes; t3 fedreg seed 0 stopped after round 1/3" in printed.err
+    assert f"fedreg-experiment {config} --out {out} --max-minutes 0" in printed.err
+    assert "[run 1/1 | round 1/3] t3 fedreg seed 0 | grid 1/3 rounds |" in printed.out
+    assert main([str(config), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert RoundsSuperLink.configs[1]["resume"] == str(folder)
+    assert RoundsSuperLink.configs[1]["state-dir"] == RoundsSuperLink.configs[0]["state-dir"]
+    assert f"resuming {folder} after round 1" in printed and "grid 3/3 rounds" in printed
+    assert not read_marker(folder) and not spec.state_dir.exists()  # finished: state freed
+
+
+class SignalledSuperLink(RoundsSuperLink):
+    """Like RoundsSuperLink, but the runner gets SIGTERM once round 1 is checkpointed."""
+
+    def run_polling(
+        self, config_file: str, clients: int, log_path: Path, poll: float
+    ) -> Iterator[None]:
+        for _ in super().run_polling(config_file, clients, log_path, poll):
+            folder = Path(RoundsSuperLink.configs[-1]["results-dir"]) / "run1"
+            if checkpoint_round(folder) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield
+
+
+def test_sigterm_marks_the_run_stopped_and_exits_143(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(experiments, "LocalSuperLink", SignalledSuperLink)
+    monkeypatch.setattr(RoundsSuperLink, "configs", [])
+    handler = signal.getsignal(signal.SIGTERM)
+    assert main([str(config), "--out", str(out)]) == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
+    err = capsys.readouterr().err
+    folder = out / "t3" / "fedreg" / "seed0" / "run1"
+    assert read_marker(folder)["stopped"] == "stopped by SIGTERM"
+    assert "stopped by SIGTERM; t3 fedreg seed 0 stopped after round 1/3" in err
+    assert "Continue with the same command" in err

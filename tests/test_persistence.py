@@ -134,10 +134,14 @@ def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -
     writer.finish("failed")
     resumed = ResultsWriter.resume(tmp_path / "run", {"algo": "fedreg"}, {"run_id": 9}, 2)
     assert [r.round for r in resumed.rounds] == [1, 2]  # round 3 had no checkpoint yet
+    on_disk = json.loads((tmp_path / "run" / "results.json").read_text())["run"]
+    assert resumed.run["status"] == "running", on_disk
+    assert "error" not in resumed.run and "finished" not in resumed.run, on_disk
     resumed.add(RoundRecord(3, 0.5, 0.6, 0.0, 1.0, 1.0, 10))
     resumed.finish()
     document = json.loads((tmp_path / "run" / "results.json").read_text())
     assert document["run"]["status"] == "completed" and document["run"]["run_id"] == 7
+    assert "error" not in document["run"]  # the interrupted attempt's error is not this one's
     assert document["run"]["resumed"][0]["after_round"] == 2
     assert [r["global_accuracy"] for r in document["rounds"]] == pytest.approx([0.1, 0.2, 0.5])
 
