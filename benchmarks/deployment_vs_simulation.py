@@ -26,18 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.deployment import LocalDeployment
-from fedreg_app.launcher import LocalSuperLink
-
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-
-
-def run_config_text(config: dict[str, Any]) -> str:
-    return " ".join(
-        f"{k}='{v}'"
-        if isinstance(v, str)
-        else f"{k}={str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in config.items()
-    )
+from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text
 
 
 def per_round(results: dict[str, Any]) -> dict[str, float]:
@@ -110,8 +99,8 @@ def main() -> None:
     }  # fmt: skip
 
     sim_dir = work / "simulation"
-    with LocalSuperLink(work / "sim_home", extra_env=OFFLINE) as superlink:
-        superlink.run(run_config_text({**config, "results-dir": str(sim_dir)}), args.clients)
+    with LocalSuperLink(work / "sim_home", extra_env=HF_OFFLINE_ENV) as superlink:
+        superlink.run(config_text({**config, "results-dir": str(sim_dir)}), args.clients)
     simulation = per_round(latest(sim_dir))
 
     dep_dir = work / "deployment"
@@ -124,8 +113,8 @@ def main() -> None:
         }
         for i in range(args.clients)
     ]
-    with LocalDeployment(work / "deploy", nodes, extra_env=OFFLINE) as deployment:
-        deployment.run(run_config_text({**config, "results-dir": str(dep_dir)}))
+    with LocalDeployment(work / "deploy", nodes, extra_env=HF_OFFLINE_ENV) as deployment:
+        deployment.run(config_text({**config, "results-dir": str(dep_dir)}))
     deployed = per_round(latest(dep_dir))
 
     print(

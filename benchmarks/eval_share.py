@@ -20,9 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink
 
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 ORDER = ("server", "clients", "server")
 
 
@@ -64,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
-        with LocalSuperLink(home, extra_env=OFFLINE) as link:  # noqa: SIM117 - needs tmp
+        with LocalSuperLink(home, extra_env=HF_OFFLINE_ENV) as link:  # noqa: SIM117 - needs tmp
             summary = measure(link, args, Path(tmp) / "runs")
     print(f"eval_share: clients={args.clients} rounds={args.rounds} "
           f"data_fraction={args.data_fraction} " + " ".join(summary))  # fmt: skip

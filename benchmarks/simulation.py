@@ -38,10 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.launcher import LocalSuperLink, descendants
+from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text, descendants
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
 
 # ------------------------------------------------------------------ memory
@@ -132,7 +131,7 @@ def run_once(
 ) -> dict[str, Any]:
     """One ``flwr run``; returns its results.json (raises if it did not complete)."""
     results_dir = Path(run_config["results-dir"])
-    pairs = " ".join(f"{k}={_value(v)}" for k, v in run_config.items())
+    pairs = config_text(run_config)
     log = superlink.run(pairs, supernodes=clients, cpus_per_client=cpus)
     paths = sorted(results_dir.glob("*/results.json"))
     results = json.loads(paths[-1].read_text()) if paths else {}
@@ -141,10 +140,6 @@ def run_once(
     if results.get("run", {}).get("status") not in ("completed", "degraded"):
         raise RuntimeError(f"run did not complete:\n{log[-3000:]}")
     return results
-
-
-def _value(value: Any) -> str:
-    return f"'{value}'" if isinstance(value, str) else str(value).lower()
 
 
 def overhead_rows(results: dict[str, Any]) -> list[dict[str, float]]:
@@ -289,7 +284,7 @@ def main() -> None:
     args.clients = args.clients or defaults[0]
     args.fraction = args.fraction or defaults[1]
     work = Path(tempfile.mkdtemp(prefix=f"bench_{args.mode}_"))
-    with LocalSuperLink(work / "flwr_home", extra_env=OFFLINE) as superlink:
+    with LocalSuperLink(work / "flwr_home", extra_env=HF_OFFLINE_ENV) as superlink:
         figures = (overhead if args.mode == "overhead" else scale)(args, superlink, work)
     print(f"results under {work}")
     if args.out:

@@ -40,7 +40,6 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 PFLLIB_DATASET = "FashionMNIST_vs_peers"
 WORKER_TIMEOUT = 3600
 
@@ -145,8 +144,11 @@ def our_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
 def run_ours(link: Any, args: argparse.Namespace, spec: dict[str, Any], index: int) -> dict:
     results_dir = Path(spec["folder"]) / f"ours-{index}"
     config = our_config(args, results_dir)
-    text = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}" for k, v in config.items())
-    log = link.run(text, supernodes=args.clients, cpus_per_client=1, timeout=WORKER_TIMEOUT)
+    from fedreg_app.launcher import config_text
+
+    log = link.run(
+        config_text(config), supernodes=args.clients, cpus_per_client=1, timeout=WORKER_TIMEOUT
+    )
     paths = sorted(results_dir.glob("*/results.json"))
     document = json.loads(paths[-1].read_text()) if paths else {}
     if document.get("run", {}).get("status") != "completed":
@@ -474,7 +476,7 @@ def compare(args: argparse.Namespace) -> None:
 
     import torch
 
-    from fedreg_app.launcher import LocalSuperLink
+    from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink
 
     peers = []
     skipped: dict[str, str] = {}
@@ -514,7 +516,7 @@ def compare(args: argparse.Namespace) -> None:
                   f"s per iteration {seconds}", flush=True)  # fmt: skip
 
         home = folder / "home"
-        with LocalSuperLink(home, extra_env=OFFLINE) as link:
+        with LocalSuperLink(home, extra_env=HF_OFFLINE_ENV) as link:
             for repeat in range(args.repeats):
                 for name, python in peers:
                     peer(name, python)

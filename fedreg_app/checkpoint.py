@@ -145,6 +145,22 @@ class Checkpoint:
             )
 
 
+def state_path(run_folder: Path) -> Path:
+    """Where a run folder's checkpoint commit record lies (present once a round is
+    committed, whatever state it is in)."""
+    return run_folder / FOLDER / STATE
+
+
+def committed_round(run_folder: Path) -> int:
+    """The round of a run folder's committed checkpoint from its commit record alone
+    (cheap enough to poll while the run goes on); 0 when there is none or it is unreadable
+    (:meth:`Checkpoint.load` says why)."""
+    try:
+        return int(json.loads(state_path(run_folder).read_text())["round"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
 def _fail(path: Path, problem: str) -> ConfigError:
     """The error for a checkpoint file that cannot be trusted: which file, why, what to do."""
     return ConfigError(f"checkpoint file {path} {problem}; {REMEDY}")

@@ -32,7 +32,6 @@ import os
 import shutil
 import tempfile
 import urllib.parse
-import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from pathlib import Path
 from flwr.app import ArrayRecord, RecordDict
 
 from fedreg_app.persist import (
+    READ_ERRORS,
     file_sha256,
     fsync_folder,
     load_arrays,
@@ -120,7 +120,7 @@ class VersionedState:
                 if path.parent != folder or file_sha256(path) != entry.get("sha256"):
                     raise ValueError("hash mismatch")
                 record = to_record(load_arrays(path))
-            except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+            except READ_ERRORS:
                 logger.warning("client state %s is corrupt; moved aside, starts afresh", path)
                 self._set_aside(path)
                 result.reset.append(name)

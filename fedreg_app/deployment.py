@@ -32,6 +32,7 @@ from fedreg_app.launcher import (
     BIN,
     PROJECT,
     QUIET_OFFLINE_ENV,
+    config_text,
     free_port,
     kill_tree,
     stop_process,
@@ -46,13 +47,9 @@ CONNECTION = "local-deploy"
 TASK_POLL_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 
 
-def _toml_value(value: Any) -> str:
-    return f'"{value}"' if isinstance(value, str) else str(value).lower()
-
-
 def node_config_arg(config: dict[str, Any]) -> str:
     """``--node-config`` text: ``partition-id=0 num-partitions=3 state-dir="/x"``."""
-    return " ".join(f"{key}={_toml_value(value)}" for key, value in config.items())
+    return config_text(config)
 
 
 class LocalDeployment:

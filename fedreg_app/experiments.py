@@ -56,11 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.checkpoint import FOLDER as CHECKPOINT_FOLDER
-from fedreg_app.checkpoint import STATE as CHECKPOINT_STATE
-from fedreg_app.checkpoint import Checkpoint
+from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
 from fedreg_app.config import ConfigError
-from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.launcher import LocalSuperLink, toml_value
+from fedreg_app.metrics import first_line
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
 from fedreg_app.persist import save_json
 from fedreg_app.registry import get_algorithm, load_config
@@ -191,16 +190,6 @@ class RunSpec:
         """The ServerApp's run folders in this seed's folder, oldest first."""
         return sorted(path.parent for path in self.folder.glob("*/results.json"))
 
-    def rounds_done(self) -> int:
-        """Rounds written by the run in progress (the newest run folder)."""
-        paths = sorted(self.folder.glob("*/results.json"))
-        if not paths:
-            return 0
-        try:
-            return len(json.loads(paths[-1].read_text())["rounds"])
-        except (json.JSONDecodeError, KeyError):
-            return 0
-
     @property
     def state_dir(self) -> Path | None:
         value = self.run_config.get("state-dir")
@@ -273,14 +262,6 @@ def write_run_config(run_config: dict[str, Any], directory: Path) -> Path:
     return path
 
 
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))  # a TOML basic string
-
-
 # ------------------------------------------------------------- resuming runs
 @dataclass
 class Attempt:
@@ -312,13 +293,7 @@ def write_marker(run_folder: Path, **fields: Any) -> None:
 
 def checkpoint_round(run_folder: Path | None) -> int:
     """The round of the run folder's committed checkpoint (0 if none can be read)."""
-    if run_folder is None:
-        return 0
-    try:
-        value = json.loads((run_folder / CHECKPOINT_FOLDER / CHECKPOINT_STATE).read_text())
-        return int(value["round"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
+    return 0 if run_folder is None else committed_round(run_folder)
 
 
 def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = False) -> Attempt:
@@ -330,7 +305,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     fresh folder only with ``restart_damaged`` (the damaged folder is kept, marked)."""
     folders = [
         f for f in reversed(spec.run_folders())
-        if (f / CHECKPOINT_FOLDER / CHECKPOINT_STATE).exists()
+        if state_path(f).exists()
         and not read_marker(f).get("abandoned")
     ]  # fmt: skip
     if not folders:
@@ -374,11 +349,6 @@ def _damaged(folder: Path, error: str, restart: bool) -> Attempt:
         f"cannot resume {folder}: {error}\n    the folder is left as it is; add "
         "--restart-damaged to start this run anew in a fresh folder"
     ))  # fmt: skip
-
-
-def first_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[0][:200] if lines else "no error recorded"
 
 
 # ------------------------------------------------------------------ progress

@@ -9,6 +9,7 @@ Used by the experiment runner and by the end-to-end tests.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -19,9 +20,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+#: For runs on local dataset copies: Hugging Face libraries never reach for the network.
+HF_OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 QUIET_OFFLINE_ENV = {
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",  # use this environment, no uv sync
     "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -228,3 +232,18 @@ class LocalSuperLink:
                 if process.poll() is None:
                     process.terminate()
                     process.wait(timeout=30)
+
+
+def toml_value(value: Any) -> str:
+    """A run-config or node-config value as TOML: booleans lowercase, numbers as they are,
+    everything else a quoted string."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))  # a TOML basic string
+
+
+def config_text(config: dict[str, Any]) -> str:
+    """``--run-config`` / ``--node-config`` text: ``algo="fedreg" num-server-rounds=3``."""
+    return " ".join(f"{key}={toml_value(value)}" for key, value in config.items())

@@ -205,3 +205,14 @@ class ResultsWriter:
         for r in self.rounds:
             writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in CSV_COLUMNS])
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of an error (Flower's reasons carry whole tracebacks);
+    for a traceback, its last line: the exception itself."""
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    if not lines:
+        return "(no message)"
+    if lines[0].startswith("Traceback") or "Traceback (most recent call last)" in text:
+        return lines[-1][:500]
+    return lines[0][:500]

@@ -111,27 +111,26 @@ def mlp_layers(info: DatasetInfo) -> list[nn.Module]:
 
 
 def cnn_layers(info: DatasetInfo) -> list[nn.Module]:
-    """The 2-conv/2-FC CNN of ``002``/``004`` (FedAvg's CNN): Conv 32 and Conv 64, 5x5
-    with 'same' padding, each with ReLU and 2x2 max-pooling, then Linear -> 512 -> classes."""
-    flat = 64 * (info.height // 4) * (info.width // 4)
-    return [
-        nn.Conv2d(info.channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(flat, 512), nn.ReLU(),
-        nn.Linear(512, info.num_classes),
-    ]  # fmt: skip
+    """The 2-conv/2-FC CNN of ``002``/``004`` (FedAvg's CNN), with 'same' padding."""
+    return two_conv_cnn(info, padding=2)
 
 
 def fedavgcnn_layers(info: DatasetInfo) -> list[nn.Module]:
-    """PFLlib's ``FedAvgCNN`` (issue 13, side by side with peers): the same two convolutions
-    as ``cnn`` but 'valid' (no padding), so the flattened size is ``64 * 4 * 4 = 1024`` on
-    28x28 inputs and ``64 * 5 * 5 = 1600`` on 32x32, then Linear -> 512 -> classes. Same
-    parameter shapes and layer order as PFLlib's (conv1, conv2, fc1, fc)."""
-    flat = 64 * _conv_out(info.height) * _conv_out(info.width)
+    """PFLlib's ``FedAvgCNN`` (issue 13, side by side with peers): the same layers with
+    'valid' convolutions, so the flattened size is ``64 * 4 * 4 = 1024`` on 28x28 inputs
+    and ``64 * 5 * 5 = 1600`` on 32x32. Same parameter shapes and layer order as PFLlib's
+    (conv1, conv2, fc1, fc)."""
+    return two_conv_cnn(info, padding=0)
+
+
+def two_conv_cnn(info: DatasetInfo, padding: int) -> list[nn.Module]:
+    """Conv 32 and Conv 64, 5x5 with ``padding`` (2: 'same', 0: 'valid'), each with ReLU
+    and 2x2 max-pooling, then Linear -> 512 -> classes."""
+    side = (lambda n: n // 4) if padding else _conv_out
+    flat = 64 * side(info.height) * side(info.width)
     return [
-        nn.Conv2d(info.channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(info.channels, 32, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
         nn.Linear(flat, 512), nn.ReLU(),
         nn.Linear(512, info.num_classes),

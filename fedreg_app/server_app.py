@@ -33,7 +33,7 @@ from fedreg_app.data import (
     load_info,
     load_union_test_set,
 )
-from fedreg_app.metrics import ResultsWriter, RoundRecord
+from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.protocol import (
@@ -198,17 +198,6 @@ def payload_bytes(messages: Iterable[Message]) -> int:
         for record in msg.content.array_records.values()
         for array in record.values()
     )
-
-
-def first_line(text: str) -> str:
-    """The first non-empty line of an error (Flower's reasons carry whole tracebacks);
-    for a traceback, its last line: the exception itself."""
-    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
-    if not lines:
-        return "(no message)"
-    if lines[0].startswith("Traceback") or "Traceback (most recent call last)" in text:
-        return lines[-1][:500]
-    return lines[0][:500]
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from fedreg_app.deployment import LocalDeployment
+from fedreg_app.launcher import HF_OFFLINE_ENV, config_text
 
 pytestmark = pytest.mark.deployment
-OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 MAKE_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "make_certs.sh"
 
 
@@ -40,7 +40,7 @@ def run_config(dataset: Path, results: Path, rounds: int, **extra) -> str:
         "num-server-rounds": rounds, "local-epochs": 1, "fraction-train": 1.0,
         "min-partition-size": 5, "seed": 5, **extra,
     }  # fmt: skip
-    return " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={v}" for k, v in pairs.items())
+    return config_text(pairs)
 
 
 def results_in(folder: Path) -> dict:
@@ -64,7 +64,7 @@ def assert_stopped(pids: list[int]) -> None:
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[LocalDeployment]:
-    with LocalDeployment(tmp_path / "deploy", three_nodes(tmp_path), extra_env=OFFLINE) as d:
+    with LocalDeployment(tmp_path / "deploy", three_nodes(tmp_path), extra_env=HF_OFFLINE_ENV) as d:
         yield d
         pids = d.pids()
     assert_stopped(pids)
@@ -166,7 +166,9 @@ def test_tls_between_supernodes_and_superlink(grey_dataset: Path, tmp_path: Path
     nodes = three_nodes(tmp_path)[:2]
     for node in nodes:
         node["num-partitions"] = 2
-    with LocalDeployment(tmp_path / "deploy", nodes, tls=certificates, extra_env=OFFLINE) as d:
+    with LocalDeployment(
+        tmp_path / "deploy", nodes, tls=certificates, extra_env=HF_OFFLINE_ENV
+    ) as d:
         log = d.run(run_config(grey_dataset, tmp_path / "results", rounds=1), timeout=900)
         pids = d.pids()
     assert_stopped(pids)
