@@ -11,6 +11,9 @@ freed by an earlier measurement would hide the next one.
     python benchmarks/client_state_memory.py --algo feddyn --clients 500 --dataset cifar10
     python benchmarks/client_state_memory.py --algo feddyn --clients 500 --dataset cifar10 \\
         --state-dir /tmp/state
+    python benchmarks/client_state_memory.py --algo fedreg --optimizer-state fresh
+
+``--optimizer-state fresh`` measures the state without the clients' momentum buffers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from flwr.app import RecordDict
 
 from clients.base import ClientSetup
 from clients.ditto import DittoClient
+from clients.fedavg import FedAvgClient
 from clients.feddyn import FedDynClient
 from clients.fedreg import FedReGClient
 from fedreg_app.client_state import VersionedState
@@ -34,7 +38,12 @@ from fedreg_app.models import BASE, HEAD_G, build_model
 from fedreg_app.registry import load_config
 
 SHAPES = {"fmnist": (1, 28), "cifar10": (3, 32)}
-PROCEDURES = {"feddyn": FedDynClient, "ditto": DittoClient, "fedreg": FedReGClient}
+PROCEDURES = {
+    "fedavg": FedAvgClient,
+    "feddyn": FedDynClient,
+    "ditto": DittoClient,
+    "fedreg": FedReGClient,
+}
 
 
 def rss_mb() -> float:
@@ -48,18 +57,25 @@ def main() -> None:
     parser.add_argument("--dataset", choices=sorted(SHAPES), default="fmnist")
     parser.add_argument("--algo", choices=sorted(PROCEDURES), default="feddyn")
     parser.add_argument("--state-dir", type=Path, help="commit and release each client's state")
+    parser.add_argument(
+        "--optimizer-state",
+        choices=("persistent", "fresh"),
+        default="persistent",
+        help="keep each client's momentum buffers",
+    )
     args = parser.parse_args()
     channels, size = SHAPES[args.dataset]
     info = DatasetInfo(num_classes=10, channels=channels, height=size, width=size)
     tiny = TensorData(
         x=torch.zeros(4, channels, size, size, dtype=torch.uint8), y=torch.tensor([0, 1, 2, 3])
     )
-    global_arrays = build_model(info, 2, 0).group_state(BASE, HEAD_G)
+    config = load_config(
+        {"algo": args.algo, "local-epochs": 1, "personal-epochs": 1, "batch-size": 4,
+         "optimizer-state": args.optimizer_state}
+    )  # fmt: skip
+    global_arrays = build_model(info, config.head_depth, 0).group_state(BASE, HEAD_G)
     model_mb = sum(a.nbytes for a in global_arrays.values()) / 2**20
     print(f"{args.dataset}: one model copy = {model_mb:.2f} MiB")
-    config = load_config(
-        {"algo": args.algo, "local-epochs": 1, "personal-epochs": 1, "batch-size": 4}
-    )
     procedure = PROCEDURES[args.algo]
     gc.collect()
     before, started = rss_mb(), time.perf_counter()
@@ -83,6 +99,7 @@ def main() -> None:
     )
     print(f"client_state_memory: algo={args.algo} clients={args.clients} "
           f"dataset={args.dataset} state={'disk' if args.state_dir else 'memory'} "
+          f"optimizer_state={args.optimizer_state} "
           f"model_mib={model_mb:.2f} growth_mib={grown:.0f}")  # fmt: skip
 
 

@@ -88,7 +88,8 @@ def main() -> None:
     parser.add_argument("--dataset-path", required=False)
     parser.add_argument("--algo", default="fedreg")
     parser.add_argument("--model", default="convnet")
-    parser.add_argument("--head-depth", type=int, default=2)
+    parser.add_argument("--head-depth", default="auto",  # "auto": the algorithm's split
+                        type=lambda text: text if text == "auto" else int(text))  # fmt: skip
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--partition", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
@@ -152,12 +153,12 @@ def main() -> None:
         f"{summary['peak_rss_mib']:.0f} MiB per client process"
     )
     print("rerun: python benchmarks/device_client.py --dataset-path PATH "
-          f"--algo {args.algo} --model {args.model} --head-depth {args.head_depth}")  # fmt: skip
+          f"--algo {args.algo} --model {args.model} --head-depth {config.head_depth}")  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)
     print(
-        f"device_client: algo={args.algo} model={args.model} head_depth={args.head_depth} "
+        f"device_client: algo={args.algo} model={args.model} head_depth={config.head_depth} "
         f"s_per_round={summary['seconds_per_round']:.2f} "
         f"handler_s_per_round={summary['handler_seconds_per_round']:.2f} "
         f"first_round_s={summary['first_round_s']:.2f} peak_rss_mib={summary['peak_rss_mib']:.0f}"

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from fedreg_app.config import AlgorithmOptions, RunConfig, at_least, option
-from fedreg_app.data import ClientData, DatasetInfo, TensorData
+from fedreg_app.data import ClientData, DatasetInfo, PartitionKey, TensorData
 from fedreg_app.models import BASE, HEAD_G, SplitModel, initial_model
 from fedreg_app.protocol import (
     GLOBAL_CORRECT,
@@ -34,6 +34,7 @@ from fedreg_app.training import (
     EVAL_BATCH_SIZE,
     Forward,
     LossFn,
+    MomentumSGD,
     batches,
     count_correct_each,
     select_device,
@@ -59,6 +60,10 @@ class ClientSetup:
     #: Folder for this partitioning's expensive derived data (decoded partition, FedReG's
     #: rebalanced set) when the node has a ``state-dir``; None keeps them in memory only.
     cache: Path | None = None
+    #: The partitioning ``data`` comes from (None: data given directly, as in tests):
+    #: what a procedure needs to know of the other partitions, e.g. FedReG's global
+    #: threshold (every client's train size), it computes from this, as every node can.
+    partition_key: PartitionKey | None = None
 
 
 @dataclass
@@ -81,10 +86,11 @@ class ClientProcedure:
     state_records: tuple[str, ...] = ()
 
     @classmethod
-    def keeps_state(cls) -> bool:
-        """Whether a client carries anything from one round to the next: a resumed run
-        then needs that state on disk."""
-        return bool(cls.private_groups or cls.state_records or cls.private_head)
+    def keeps_state(cls, config: RunConfig) -> bool:
+        """Whether a client carries anything from one round to the next (private groups,
+        other records, or its optimizers' momentum): a resumed run then needs it on disk."""
+        private = cls.private_groups or cls.state_records or cls.private_head
+        return bool(private) or config.keeps_optimizers
 
     def __init__(self, setup: ClientSetup) -> None:
         self.setup = setup
@@ -95,6 +101,9 @@ class ClientProcedure:
         self.trained_numel: dict[int, int] = {}  # parameter id -> size, over this round
         #: The message's config from the server (round, phase flags of some algorithms).
         self.server_config: dict = {}
+        #: Whether ``fit`` keeps its optimizer's momentum in the client's state: in a
+        #: training message, not in the fine-tuning some algorithms run to evaluate.
+        self.keep_optimizers = self.config.keeps_optimizers
 
     def new_model(self, private_head: bool = False) -> SplitModel:
         """The run's model (``model``, ``head-depth``): seeded init, or ``init-model``."""
@@ -117,6 +126,7 @@ class ClientProcedure:
         the counts: the union of the splits is the global test set."""
         self.load_global(global_arrays)
         self.restore_private()
+        self.keep_optimizers = False  # evaluation leaves the client's state as it was
         self.prepare_personal_model(server_round)
         self.model.eval()
         personal_base, personal_head = self.personal_parts()
@@ -173,13 +183,22 @@ class ClientProcedure:
         server_round: int,
         stream: int = 0,
         model: nn.Module | None = None,
+        generator: torch.Generator | None = None,
     ) -> int:
         """Train with the run's optimiser settings and a seeded shuffle for this client,
         round and ``stream`` (distinct streams for the distinct steps of one round).
-        ``model`` defaults to the procedure's model (Ditto passes its personal one)."""
+        ``model`` defaults to the procedure's model (Ditto passes its personal one).
+        ``generator``, if given, draws the shuffle instead: a caller splitting one step's
+        epochs over several calls passes the same one, so each epoch gets its own order.
+
+        Each stream is one optimizer of the algorithm (FedReG's opt_1 and opt_2, FedRep's
+        head and base optimizers); with ``optimizer-state = persistent`` its momentum
+        continues from the client's previous rounds (see :meth:`kept_optimizer`)."""
         self.trained_numel.update((id(p), p.numel()) for p in trainable)
-        return train_epochs(
-            self.model if model is None else model,
+        model = self.model if model is None else model
+        optimizer = self.kept_optimizer(stream, model, trainable)
+        processed = train_epochs(
+            model,
             trainable,
             loss_fn,
             data,
@@ -187,11 +206,51 @@ class ClientProcedure:
             batch_size=self.config.batch_size,
             lr=self.config.lr,
             momentum=self.config.momentum,
-            generator=torch_generator(
+            generator=generator
+            if generator is not None
+            else torch_generator(
                 self.config.seed, "shuffle", self.data.partition_id, server_round, stream
             ),
             device=self.device,
+            optimizer=optimizer,
         )
+        if optimizer is not None:
+            self.keep_optimizer(stream, model, optimizer)
+        return processed
+
+    def kept_optimizer(
+        self, stream: int, model: nn.Module, trainable: Sequence[nn.Parameter]
+    ) -> MomentumSGD | None:
+        """The stream's optimizer over ``trainable``, its momentum buffers restored from
+        the client's state (none yet on a client's first round); None when optimizers are
+        not kept (``optimizer-state = fresh``, momentum 0, or an evaluation)."""
+        if not self.keep_optimizers:
+            return None
+        stored = self.setup.state.get(optimizer_record(stream))
+        buffers = from_record(stored) if stored is not None else {}
+        names = parameter_names(model, trainable)
+        restored: list[torch.Tensor | None] = []
+        for name, param in zip(names, trainable, strict=True):
+            buffer = buffers.get(name)
+            if buffer is not None and buffer.shape != tuple(param.shape):
+                raise ValueError(
+                    f"client state {optimizer_record(stream)!r}: momentum of {name!r} has "
+                    f"shape {buffer.shape}, the parameter {tuple(param.shape)}"
+                )
+            restored.append(None if buffer is None else torch.tensor(buffer, device=self.device))
+        return MomentumSGD(trainable, self.config.lr, self.config.momentum, restored)
+
+    def keep_optimizer(self, stream: int, model: nn.Module, optimizer: MomentumSGD) -> None:
+        """Store the stream's momentum buffers by parameter name; buffers of parameters
+        this call did not train (FedSeq's other layers) are kept as they were, as one
+        optimizer over the whole model would keep them."""
+        key = optimizer_record(stream)
+        stored = from_record(self.setup.state[key]) if key in self.setup.state else {}
+        names = parameter_names(model, optimizer.params)
+        for name, buffer in zip(names, optimizer.buffers, strict=True):
+            if buffer is not None:
+                stored[name] = buffer.detach().cpu().numpy().copy()
+        self.setup.state[key] = to_record(stored)
 
     def fit_head(self, epochs: int, server_round: int, stream: int) -> int:
         """Train ``head_g`` with the base frozen, on the base's train features computed
@@ -226,6 +285,21 @@ class ClientProcedure:
             NUM_TRAINED_PARAMS: sum(self.trained_numel.values()),
             **extra,
         }
+
+
+def optimizer_record(stream: int) -> str:
+    """Name of the client-state record holding one optimizer's momentum buffers."""
+    return f"optimizer-{stream}"
+
+
+def parameter_names(model: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
+    """State-dict names of ``params`` in ``model``: momentum is stored by name, so it
+    follows its parameter whatever order a step lists them in."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    missing = [i for i, p in enumerate(params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"parameters {missing} to train are not in the model")
+    return [names[id(p)] for p in params]
 
 
 def same_weights(a: nn.Module, b: nn.Module) -> bool:

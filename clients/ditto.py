@@ -1,7 +1,19 @@
 """Ditto client (Li et al. 2021): a FedAvg round for the global model, plus a personal
 model v_k trained ``personal-epochs`` (5) epochs with CE + lambda/2 ||v_k - w_g||^2
-(lambda = ``ditto-lambda``). v_k lives in the client's state (first time: a copy of the
-global model) and is the personal model at evaluation.
+(lambda = ``ditto-lambda``), before the global copy, anchored at the global model the
+client just received (PFLlib's order: ``ptrain`` then ``train``). v_k lives in the
+client's state and is the personal model at evaluation.
+
+Before a client's first training it has no v_k of its own (``ditto-personal-init``):
+
+- ``"initial"`` (default), as PFLlib (``clients/clientditto.py``: ``self.model_per =
+  copy.deepcopy(self.model)`` at construction, i.e. the initial model, which ``ptrain``
+  trains in place and no server message ever overwrites): v_k starts as the run's
+  initial model (seeded, or ``init-model``: identical on every client). A never-sampled
+  client is evaluated with that untrained model, and a client's first personal training
+  starts from it (pulled toward the current global model).
+- ``"global"``: v_k starts as a copy of the current global model, for both (this
+  project's earlier behaviour).
 """
 
 from __future__ import annotations
@@ -20,6 +32,8 @@ from fedreg_app.records import from_record, to_record
 from fedreg_app.training import Forward
 
 PERSONAL_MODEL = "ditto-personal"
+#: ``ditto-personal-init``: what v_k is before the client's first personal training.
+PERSONAL_INITS = ("initial", "global")
 
 
 @dataclass(frozen=True)
@@ -27,6 +41,10 @@ class DittoOptions(PersonalEpochs):
     #: The paper gives no lambda; 0.1 is this project's choice (README key table).
     lam: float = option("ditto-lambda", 0.1, "a number >= 0 (pull toward the global model)",
                         at_least(0))  # fmt: skip
+    personal_init: str = option(
+        "ditto-personal-init", "initial", f"one of {', '.join(PERSONAL_INITS)}",
+        lambda value: value in PERSONAL_INITS,
+    )  # fmt: skip
 
 
 class DittoClient(FedAvgClient):
@@ -35,6 +53,7 @@ class DittoClient(FedAvgClient):
     def __init__(self, setup) -> None:
         super().__init__(setup)
         self.options = self.config.options_as(DittoOptions)
+        #: v_k: the initial model until ``restore_personal`` loads the client's own.
         self.personal: SplitModel = self.new_model()
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
@@ -59,9 +78,13 @@ class DittoClient(FedAvgClient):
         return result
 
     def restore_personal(self, global_arrays: dict[str, np.ndarray]) -> None:
+        """v_k: the client's own from its state; without one, the initial model it was
+        built with (``ditto-personal-init = "initial"``) or ``global_arrays``."""
         stored = self.setup.state.get(PERSONAL_MODEL)
-        arrays = from_record(stored) if stored is not None else global_arrays
-        self.personal.load_group_state(arrays, BASE, HEAD_G)
+        if stored is not None:
+            self.personal.load_group_state(from_record(stored), BASE, HEAD_G)
+        elif self.options.personal_init == "global":
+            self.personal.load_group_state(global_arrays, BASE, HEAD_G)
 
     def prepare_personal_model(self, server_round: int) -> None:
         self.restore_personal(self.model.group_state(BASE, HEAD_G))

@@ -1,11 +1,43 @@
-"""FedReG client (paper Algorithm 1; thesis Algorithm 2 and Section 4.3).
+"""FedReG client (paper Algorithm 1 and §3.4; thesis Algorithm 2 and Sections 3.3, 4.3).
 
-Round: (1) E epochs on the original data with loss CE(head_g(z) + head_p(z), y), z =
-base(x); gradients flow through both heads into the base, but only base and head_p move
-(head_g stays as received — the paper's and the thesis's prose; the thesis pseudo-code
-also lists head_g, which we do not follow). (2) E epochs on the rebalanced data with
-CE(head_g(base(x)), y), updating base and head_g; head_p untouched. Sent: base and head_g
-with |D_k| and the effective sample count e_k. head_p stays in the client's state.
+A round has two steps. (1) Original data, loss CE(head_g(z) + head_p(z), y), z = base(x):
+gradients flow through both heads into the base. (2) Rebalanced data (``clients/
+rebalance.py``), loss CE(head_g(base(x)), y), updating base and head_g; head_p untouched.
+Sent: base and head_g with |D_k| and the effective sample count e_k. head_p stays in the
+client's state. Each step has its own optimizer (the thesis's opt_1 and opt_2; streams 1
+and 2 of :meth:`ClientProcedure.fit`, also the seeded shuffles' streams).
+
+What the sources leave open, one switch each:
+
+* ``fedreg-schedule``: how the E local epochs wrap the two steps. The round's body in
+  the paper's Algorithm 1 and the thesis's Algorithm 2 (lines 5-19 in both) is one pass
+  over the original data, then one over the rebalanced data; neither says how E local
+  epochs (thesis §5.3: "5 local training rounds") repeat them. ``interleaved``
+  (default): each of the E epochs runs one pass of step (1), then one of step (2) — the
+  algorithm's body repeated E times, as PFLlib, the code base the thesis extends, wraps
+  the whole body of a round's training in ``for epoch in range(max_local_epochs)``
+  (``system/flcore/clients/clientrod.py`` ``train()``: both of FedRoD's updates of a
+  batch inside the one epoch loop; likewise clientavg, clientper, clientgpfl; PFLlib runs
+  steps one after the other only where each has its own epoch count, as FedRep's
+  ``plocal_epochs`` head epochs before its base epochs). ``sequential``: E epochs of
+  step (1), then E epochs of step (2) — this project's earlier behaviour, reproduced bit
+  for bit. Under both, every pass of a step draws its shuffle from the step's one seeded
+  generator of the round (client, round, step), so each epoch gets a new order and the
+  e-th pass of a step the same order under either schedule; and each step keeps one
+  optimizer over the round, with ``optimizer-state = fresh`` too
+  (:meth:`FedReGClient.kept_optimizer`).
+* ``fedreg-step1``: what step (1) updates. ``prose`` (default): base and head_p; head_g
+  gets gradients but stays as received — the paper's §3.2 ("the optimizer updates the
+  parameters of the Base and Head_P, while Head_G remains unchanged"; its Algorithm 1,
+  line 11, names two parameter sets) and the thesis's prose (§3.3.2: "opt_1 updates the
+  model's base and head H2 ..., while head H1 is not updated"). ``pseudocode``: base,
+  head_p and head_g — the thesis's Algorithm 2, line 11 ("Optimizer updates w_b, w_H1,
+  w_H2").
+* ``threshold`` (shared key, see ``clients/rebalance.py``): per client, a statistic of its
+  non-zero class counts (thesis §3.3.1; ``mean`` by default), or ``global-*``: the
+  paper's §3.4 Q = D / C, D a statistic of all clients' train sizes, C the client's
+  classes. The client computes all sizes from the seeded partitioning
+  (``ClientSetup.partition_key``), no message carries them. e_k uses the same t.
 
 Ablations of the paper's Section 4.7 / Table 5, one switch each (defaults = FedReG):
 (a) ``fedreg-head-weight = "original"``: head_g averaged by |D_k| like the base;
@@ -17,9 +49,13 @@ Ablations of the paper's Section 4.7 / Table 5, one switch each (defaults = FedR
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+import torch
+from torch import nn
 
 from clients.base import ClientProcedure, ClientSetup, TrainResult
 from clients.rebalance import (
@@ -27,19 +63,31 @@ from clients.rebalance import (
     cached_rebalanced,
     class_threshold,
     effective_samples,
+    is_global_threshold,
+    partition_train_sizes,
 )
 from fedreg_app.config import AlgorithmOptions, option
 from fedreg_app.data import TensorData
 from fedreg_app.models import BASE, HEAD_G, HEAD_P
 from fedreg_app.protocol import EFFECTIVE_EXAMPLES
-from fedreg_app.seeds import seed_int
+from fedreg_app.seeds import seed_int, torch_generator
+from fedreg_app.training import LossFn, MomentumSGD
 
 HEAD_WEIGHTS = ("effective", "original")
+SCHEDULES = ("interleaved", "sequential")
+STEP1_UPDATES = ("prose", "pseudocode")
+#: fit's streams: one optimizer and one seeded shuffle per step.
+ORIGINAL_STREAM, REBALANCED_STREAM = 1, 2
 
 
 @dataclass(frozen=True)
 class FedReGOptions(AlgorithmOptions):
-    """The switches of the paper's Section 4.7 ablations; the defaults are FedReG."""
+    """The switches of the paper's Section 4.7 ablations and of what the sources leave
+    open (module docstring); the defaults are FedReG."""
+
+    #: ``head-depth = "auto"``: two Linear layers (thesis §5.5, Table 5.4: "the number of
+    #: head layers ... is 2").
+    default_head_depth: ClassVar[int] = 2
 
     head_weight: str = option(
         "fedreg-head-weight",
@@ -50,6 +98,28 @@ class FedReGOptions(AlgorithmOptions):
     private_head: bool = option("fedreg-private-head", True, "true or false")
     rebalance: bool = option("fedreg-rebalance", True, "true or false")
     original_step: bool = option("fedreg-original-step", True, "true or false")
+    schedule: str = option(
+        "fedreg-schedule",
+        "interleaved",
+        f"one of {', '.join(SCHEDULES)}",
+        lambda v: v in SCHEDULES,
+    )
+    step1: str = option(
+        "fedreg-step1",
+        "prose",
+        f"one of {', '.join(STEP1_UPDATES)}",
+        lambda v: v in STEP1_UPDATES,
+    )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One of the round's two steps: what it trains, on which data, its stream."""
+
+    trainable: list[nn.Parameter]
+    loss_fn: LossFn
+    data: TensorData
+    stream: int
 
 
 class FedReGClient(ClientProcedure):
@@ -61,36 +131,77 @@ class FedReGClient(ClientProcedure):
         if not self.options.private_head:  # ablation (b)
             self.private_head, self.private_groups = False, ()
         super().__init__(setup)
+        #: With optimizers not kept across rounds: each step's optimizer of this round.
+        self.round_optimizers: dict[int, MomentumSGD] = {}
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)
         self.restore_private()
-        model, epochs = self.model, self.config.local_epochs
+        self.round_optimizers = {}
+        steps = self.round_steps()
+        epochs = self.config.local_epochs
         processed = 0
-        if self.options.original_step:
-            processed += self.fit(
-                *self.original_step(), self.data.train, epochs, server_round, stream=1
-            )
-        processed += self.fit(
-            model.parameters_of(BASE, HEAD_G),
-            self.cross_entropy(model),
-            self.second_step_data(),
-            epochs,
-            server_round,
-            stream=2,
-        )
+        if self.options.schedule == "sequential":
+            for step in steps:
+                processed += self.fit(step.trainable, step.loss_fn, step.data, epochs,
+                                      server_round, stream=step.stream)  # fmt: skip
+        else:  # interleaved: Algorithm 2's body (one pass of each step) per epoch
+            shuffles = {step.stream: self.shuffle(server_round, step.stream) for step in steps}
+            for _ in range(epochs):
+                for step in steps:
+                    processed += self.fit(step.trainable, step.loss_fn, step.data, 1,
+                                          server_round, stream=step.stream,
+                                          generator=shuffles[step.stream])  # fmt: skip
         self.save_private()
         metrics = self.train_metrics(processed, **{EFFECTIVE_EXAMPLES: self.effective_samples()})
-        return TrainResult(model.group_state(BASE, HEAD_G), metrics)
+        return TrainResult(self.model.group_state(BASE, HEAD_G), metrics)
 
-    def original_step(self):
+    def round_steps(self) -> list[Step]:
+        """Step (1) unless ablation (d) drops it, then step (2)."""
+        model = self.model
+        second = Step(model.parameters_of(BASE, HEAD_G), self.cross_entropy(model),
+                      self.second_step_data(), REBALANCED_STREAM)  # fmt: skip
+        if not self.options.original_step:
+            return [second]
+        return [Step(*self.original_step(), self.data.train, ORIGINAL_STREAM), second]
+
+    def original_step(self) -> tuple[list[nn.Parameter], LossFn]:
         """Trainable parameters and loss of step (1)."""
         model = self.model
         if not self.options.private_head:  # ablation (b): the one head learns both data
             return model.parameters_of(BASE, HEAD_G), self.cross_entropy(model)
-
+        groups = (BASE, HEAD_P) if self.options.step1 == "prose" else (BASE, HEAD_P, HEAD_G)
         # CE of the personal prediction head_g(z) + head_p(z), z = base(x)
-        return model.parameters_of(BASE, HEAD_P), self.cross_entropy(self.personal_predict)
+        return model.parameters_of(*groups), self.cross_entropy(self.personal_predict)
+
+    def shuffle(self, server_round: int, stream: int) -> torch.Generator:
+        """The step's shuffle generator of this round: the one ``fit`` makes for the
+        stream, made once here and passed to every pass of the step, so that its passes
+        continue one random stream (a new order each epoch, the same orders as one
+        ``fit`` over all E epochs) rather than restart it."""
+        return torch_generator(
+            self.config.seed, "shuffle", self.data.partition_id, server_round, stream
+        )
+
+    def kept_optimizer(
+        self, stream: int, model: nn.Module, trainable: Sequence[nn.Parameter]
+    ) -> MomentumSGD | None:
+        """One optimizer per step for the whole round even where optimizers are not
+        kept across rounds (``optimizer-state = fresh``, momentum 0): the interleaved
+        schedule's passes of a step continue its momentum, as one optimizer over E epochs
+        would. (Kept across rounds, the client's state already carries it from pass to
+        pass.)"""
+        if self.keep_optimizers:
+            return super().kept_optimizer(stream, model, trainable)
+        if stream not in self.round_optimizers:
+            self.round_optimizers[stream] = MomentumSGD(
+                trainable, self.config.lr, self.config.momentum
+            )
+        return self.round_optimizers[stream]
+
+    def keep_optimizer(self, stream: int, model: nn.Module, optimizer: MomentumSGD) -> None:
+        if self.keep_optimizers:
+            super().keep_optimizer(stream, model, optimizer)
 
     def second_step_data(self) -> TensorData:
         return self.rebalanced().data if self.options.rebalance else self.data.train
@@ -106,9 +217,30 @@ class FedReGClient(ClientProcedure):
             cfg.augment,
             seed,
             disk=self.setup.cache / name if self.setup.cache else None,
+            client_sizes=self.client_sizes(),
         )
 
-    def effective_samples(self) -> int:
-        """e_k = sum_c min(n_c, t); defined by t even when no rebalanced set is built."""
+    def client_sizes(self) -> tuple[int, ...] | None:
+        """Every client's train size, for a ``global-*`` threshold (else None): computed
+        from the seeded partitioning, as this client's own data was."""
+        if not is_global_threshold(self.config.threshold):
+            return None
+        key = self.setup.partition_key
+        if key is None:
+            raise ValueError(
+                f"threshold={self.config.threshold!r} needs every client's train size, "
+                "computed from the partitioning: this client was set up without one "
+                "(ClientSetup.partition_key)"
+            )
+        return partition_train_sizes(key, self.setup.cache)
+
+    def threshold(self) -> int:
+        """t, as the rebalanced set uses it."""
         counts = self.data.train.class_counts(self.setup.info.num_classes)
-        return effective_samples(counts, class_threshold(counts, self.config.threshold))
+        return class_threshold(counts, self.config.threshold, self.client_sizes())
+
+    def effective_samples(self) -> int:
+        """e_k = sum_c min(n_c, t), with the rebalanced set's t; defined by t even when no
+        rebalanced set is built."""
+        counts = self.data.train.class_counts(self.setup.info.num_classes)
+        return effective_samples(counts, self.threshold())

@@ -1,6 +1,8 @@
 """FedSeq layer scheduling (``004_…``), ``fedseq-vanilla`` and ``fedseq-anti``.
 
-The base is cut into its K trainable layers (ConvNet, head-depth 2: conv1, conv2, fc1).
+The base is cut into its K trainable layers. ``004`` takes the head to be the last Linear
+layer (head-depth 1, its "auto"): its 2-conv/2-FC CNN (``model = "cnn"``) has K = 3 (conv1,
+conv2, fc1); the ConvNet has K = 4, or K = 3 with head-depth 2.
 The head stays frozen at its shared initialisation. Base layers are unfrozen one at a time
 at the rounds in ``fedseq-unfreeze-rounds`` ("1,4,7": the first at round 1, the second at
 round 4, ...; empty: evenly spread over the training rounds): Vanilla from the input side,

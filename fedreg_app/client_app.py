@@ -110,7 +110,9 @@ def client_setup(context: Context) -> ClientSetup:
     state_dir = state_dir_of(node, config)
     cache = data_cache_folder(state_dir, key) if state_dir else None
     info, data = node_data(key, node.partition_id, cache)
-    return ClientSetup(config=config, info=info, data=data, state=context.state, cache=cache)
+    return ClientSetup(
+        config=config, info=info, data=data, state=context.state, cache=cache, partition_key=key
+    )
 
 
 def state_folder(state_dir: Path, state_key: str, partition_id: int) -> Path:

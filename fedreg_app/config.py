@@ -3,6 +3,13 @@
 Every key of ``[tool.flwr.app.config]`` is read here exactly once. Invalid values raise
 :class:`ConfigError` naming the key and the allowed values, before any data is loaded or
 any model is trained.
+
+``head-depth = "auto"`` (the default) is each algorithm's own split, declared on its
+options type (:attr:`AlgorithmOptions.default_head_depth`): 1, the last Linear layer, for
+every baseline, as PFLlib (the thesis's code) cuts them at ``model.fc`` (system/main.py:
+``args.head = args.model.fc``, ``BaseHeadSplit``) and as ``002``-``004`` name the head;
+2 for FedReG (thesis §5.5: Table 5.4 "the number of head layers ... is 2"). The FedReG
+paper does not state the baselines' split.
 """
 
 from __future__ import annotations
@@ -13,13 +20,20 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-THRESHOLD_STATISTICS = ("mean", "median", "max", "secmin")
+#: FedReG's threshold: a statistic of the client's class counts (thesis), or "global-":
+#: of all clients' train sizes, divided by the client's classes (paper §3.4)
+PER_CLIENT_THRESHOLDS = ("mean", "median", "max", "secmin")
+THRESHOLD_STATISTICS = (*PER_CLIENT_THRESHOLDS, *(f"global-{s}" for s in PER_CLIENT_THRESHOLDS))
 AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 GLOBAL_EVALS = ("auto", "clients", "server")
+OPTIMIZER_STATES = ("persistent", "fresh")
 HEAD_DEPTHS = (1, 2, 3)
+#: ``head-depth = "auto"``: the algorithm's ``default_head_depth``.
+HEAD_DEPTH_AUTO = "auto"
+HEAD_DEPTH_ALLOWED = f"'{HEAD_DEPTH_AUTO}' (the algorithm's own split) or one of {HEAD_DEPTHS}"
 MODELS = ("convnet", "mlp", "cnn", "fedavgcnn", "charlstm")
 PARTITIONS = ("dirichlet", "dirichlet-topup", "shard", "natural")
 #: Models whose head is a single Linear layer: ``head-depth`` must be 1.
@@ -49,6 +63,11 @@ class AlgorithmOptions:
     """Base of every algorithm's options: a frozen dataclass whose fields are declared with
     :func:`option`, read and checked once from the run config, used by the algorithm's
     client and strategy alike. The base has no keys (FedAvg, FedPer, ...)."""
+
+    #: Linear layers in the head when ``head-depth = "auto"``: the source's split. PFLlib
+    #: cuts FedPer, FedRep, FedBABU, FedRoD, LG-FedAvg and GPFL at ``model.fc`` (one
+    #: layer); ``002``-``004`` take "the last fully connected layer". FedReG overrides it.
+    default_head_depth: ClassVar[int] = 1
 
     @classmethod
     def declared(cls) -> dict[str, Any]:
@@ -99,9 +118,17 @@ class RunConfig:
     batch_size: int = 20
     lr: float = 0.01
     momentum: float = 0.9
+    #: "persistent": a client's optimizers (their momentum buffers) are made once and kept
+    #: with its private state from round to round, one per step of an algorithm (thesis
+    #: §3.3.2 and §4.3: FedReG's opt_1 and opt_2 made once per client; PFLlib keeps each
+    #: client's optimizer). "fresh": a new optimizer for every step of every round.
+    optimizer_state: str = "persistent"
     seed: int = 0
     model: str = "convnet"
-    head_depth: int = 2
+    #: Linear layers in the head, or "auto": the algorithm's ``default_head_depth`` (1
+    #: for a model whose head is one layer). An int once the config is built, so the
+    #: model, checkpoints and results.json see the depth that ran; ``given`` keeps "auto".
+    head_depth: int | str = HEAD_DEPTH_AUTO
     threshold: str = "mean"
     augment: str = "simple"
     eval_every: int = 1
@@ -120,6 +147,12 @@ class RunConfig:
     options: AlgorithmOptions = dataclasses.field(default_factory=AlgorithmOptions)
     #: Every key as given (other algorithms' keys too), for ``results.json``.
     given: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Resolve ``head-depth = "auto"`` with the algorithm's options (those of
+        :meth:`from_run_config`; a test's ``RunConfig()`` has the base options: 1)."""
+        if self.head_depth == HEAD_DEPTH_AUTO:
+            object.__setattr__(self, "head_depth", auto_head_depth(self.model, self.options))
 
     @classmethod
     def core_keys(cls) -> dict[str, Any]:
@@ -189,7 +222,7 @@ class RunConfig:
         if self.model not in MODELS:
             _fail("model", self.model, f"one of {', '.join(MODELS)}")
         if self.head_depth not in HEAD_DEPTHS:
-            _fail("head-depth", self.head_depth, f"one of {HEAD_DEPTHS}")
+            _fail("head-depth", self.head_depth, HEAD_DEPTH_ALLOWED)
         if self.model in ONE_LAYER_HEADS and self.head_depth != 1:
             _fail(
                 "head-depth",
@@ -219,6 +252,8 @@ class RunConfig:
             _fail("lr", self.lr, "a number > 0")
         if not 0 <= self.momentum < 1:
             _fail("momentum", self.momentum, "a number in [0, 1)")
+        if self.optimizer_state not in OPTIMIZER_STATES:
+            _fail("optimizer-state", self.optimizer_state, f"one of {', '.join(OPTIMIZER_STATES)}")
         if not self.dataset and not self.dataset_path:
             _fail("dataset", self.dataset, "a Hugging Face hub id, or set dataset-path")
         if self.dataset_path:
@@ -226,9 +261,31 @@ class RunConfig:
         if self.init_model and not Path(self.init_model).expanduser().is_file():
             _fail("init-model", self.init_model, "the path of a .npz or .pt state dict")
 
+    @property
+    def keeps_optimizers(self) -> bool:
+        """Whether clients carry optimizer state (momentum buffers) between rounds."""
+        return self.optimizer_state == "persistent" and self.momentum > 0
+
     def is_eval_round(self, server_round: int) -> bool:
         """Evaluate every ``eval-every`` rounds and always after the last one."""
         return server_round % self.eval_every == 0 or server_round == self.num_server_rounds
+
+
+def auto_head_depth(model: str, options: AlgorithmOptions) -> int:
+    """What ``head-depth = "auto"`` means: the algorithm's split, but 1 for a model
+    whose head is a single Linear layer (``mlp``, ``charlstm``)."""
+    return 1 if model in ONE_LAYER_HEADS else options.default_head_depth
+
+
+def head_depth_or_auto(value: Any) -> int | str:
+    """``head-depth`` as given: "auto" or an integer (TOML may give a whole float)."""
+    if value == HEAD_DEPTH_AUTO:
+        return HEAD_DEPTH_AUTO
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    _fail("head-depth", value, HEAD_DEPTH_ALLOWED)
+    raise AssertionError("unreachable")
 
 
 def threshold_statistic_or_count(threshold: str) -> str | int:
@@ -273,7 +330,9 @@ def unknown_key_message(key: str, known: Iterable[str], where: str = "run config
 def _coerce(key: str, value: Any, wanted: type) -> Any:
     """Flower gives TOML scalars; accept ints for floats and numbers for the threshold.
     Floats must be finite: ``nan`` compares false with every bound and would slip past
-    range checks."""
+    range checks. ``head-depth`` is "auto" or an integer."""
+    if key == "head-depth":
+        return head_depth_or_auto(value)
     if wanted is float and isinstance(value, int | float) and not isinstance(value, bool):
         if not math.isfinite(value):
             raise ConfigError(f"{key}={value!r} is not allowed: expected a finite number")

@@ -242,7 +242,7 @@ def run_spec(
     if run_config.get("dataset-path"):  # the ServerApp runs in another working directory
         run_config["dataset-path"] = str(Path(run_config["dataset-path"]).resolve())
     config = load_config({**declared, **run_config})
-    keeps_state = get_algorithm(config.algo).client.keeps_state()
+    keeps_state = get_algorithm(config.algo).client.keeps_state(config)
     own_state_dir = keeps_state and not config.state_dir
     if own_state_dir:
         run_config["state-dir"] = str((folder / STATE_FOLDER).resolve())

@@ -9,6 +9,10 @@ phase; ``degraded`` when it finished with replies missing or rejected (the round
 which, and the personal accuracy of such a round is null: the partial figure is kept
 apart as ``personal_accuracy_answered`` with its coverage); ``failed`` when it stopped
 on an error (``run.error``).
+
+Beside the all-client personal accuracy (the headline, as the sources evaluate every
+client), ``personal_accuracy_sampled`` is the same figure over the clients that have
+trained at least once so far (``clients_trained`` of them; see ``strategies/base.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ CSV_COLUMNS = (
     "eval_replies",
     "eval_failures",
     "personal_accuracy_answered",
+    "personal_accuracy_sampled",
+    "clients_trained",
 )
 COMPLETED, DEGRADED, FAILED, RUNNING = "completed", "degraded", "failed", "running"
 
@@ -94,6 +100,12 @@ class RoundRecord:
     personal_coverage: dict[str, int] | None = None
     #: Client private-state files found corrupt this round (moved aside, started afresh).
     state_resets: int = 0
+    #: Personal accuracy (correct over test samples) over the clients whose training reply
+    #: was accepted in this or an earlier round; None when no client has trained yet, the
+    #: round was not evaluated, or one of those clients' evaluation replies is missing.
+    personal_accuracy_sampled: float | None = None
+    #: How many clients that is: those with an accepted training reply so far.
+    clients_trained: int = 0
 
     @property
     def degraded(self) -> bool:
@@ -176,6 +188,7 @@ class ResultsWriter:
         best_global = _best([r.global_accuracy for r in self.rounds])
         best_personal = _best([r.personal_accuracy for r in self.rounds])
         best_answered = _best([r.personal_accuracy_answered for r in self.rounds])
+        best_sampled = _best([r.personal_accuracy_sampled for r in self.rounds])
         score = math.log10(best_global / best_personal) if best_global and best_personal else None
         return {
             "total_bytes_to_clients": sum(r.bytes_to_clients for r in self.rounds),
@@ -186,6 +199,7 @@ class ResultsWriter:
             "best_global_accuracy": best_global,
             "best_personal_accuracy": best_personal,
             "best_personal_accuracy_answered": best_answered,
+            "best_personal_accuracy_sampled": best_sampled,
             # FedReG paper, Figure 7: log10(g / p) of the best global and best personal
             # accuracy; 0 means the global model is as good as the personal ones.
             "log10_global_over_personal": score,

@@ -13,7 +13,10 @@ A run counts when its status is ``completed`` (every client answered every phase
 kept and their figures marked ``†`` in the tables; where none of a run's evaluated rounds
 had every client's reply, its P is the figure over the clients that answered, marked ``‡``
 (never shown as the all-client figure). Failed and unfinished runs are left out, and the
-report says how many and why. Plots:
+report says how many and why. ``--personal sampled`` shows, in the P columns and the
+personal curves, the personal accuracy over the clients that had trained at least once
+(``personal_accuracy_sampled``) instead of the all-client figure (the default: the
+sources evaluate every client, trained or not). Plots:
 
 * ``<experiment>_accuracy.png`` - global and personal accuracy per round for each cell,
   mean over seeds with a band of one standard deviation;
@@ -67,16 +70,27 @@ ANSWERED_NOTE = (
     "every client's reply, so the all-client figure does not exist"
 )
 
+#: The personal figures a report can show: every client's (the sources'), or only those
+#: of the clients that had trained at least once.
+PERSONAL_FIGURES = ("all", "sampled")
+SAMPLED_NOTE = (
+    "P sampled: the personal accuracy over the clients that had trained at least once by "
+    "that round (best round; the all-client P includes never-sampled clients)"
+)
+
 
 def run_status(document: dict[str, Any]) -> str:
     """``running``, ``completed``, ``degraded`` or ``failed`` ("" if the file has none)."""
     return str(document.get("run", {}).get("status", ""))
 
 
-def personal_figure(document: dict[str, Any]) -> tuple[float | None, bool]:
+def personal_figure(document: dict[str, Any], which: str = "all") -> tuple[float | None, bool]:
     """A finished run's best personal accuracy and whether it is over the answering clients
     only: the all-client figure (complete rounds) where there is one, else, for a degraded
-    run, the figure over the clients that answered."""
+    run, the figure over the clients that answered. ``which="sampled"``: the best figure
+    over the clients that had trained (None for runs written before it existed)."""
+    if which == "sampled":
+        return document.get("best_personal_accuracy_sampled"), False
     value = document.get("best_personal_accuracy")
     if value is not None or run_status(document) != DEGRADED:
         return value, False
@@ -229,14 +243,16 @@ def mean_std(values: Sequence[float]) -> str:
 
 
 # ----------------------------------------------------------------------- tables
-def paper_table(results: Sequence[RunResult]) -> str:
+def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
     """The paper's layout: one row per cell (algorithm, variant, grid values), a G and a P
     column per experiment (dataset, client count, ...), mean ± std over seeds; values that
-    include degraded runs are marked, with a footnote per mark."""
+    include degraded runs are marked, with a footnote per mark. ``personal`` picks the P
+    (one of ``PERSONAL_FIGURES``)."""
     experiments = list(by_key(results, lambda r: r.experiment))
     cells = list(by_key(results, lambda r: r.cell))
     groups = by_key(results, lambda r: (r.cell, r.experiment))
-    header = ["cell"] + [f"{e} {m}" for e in experiments for m in ("G", "P")] + ["seeds"]
+    p = "P" if personal == "all" else f"P {personal}"
+    header = ["cell"] + [f"{e} {m}" for e in experiments for m in ("G", p)] + ["seeds"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell in cells:
         row = [cell.replace(CELL_SEPARATOR, " ")]
@@ -244,15 +260,17 @@ def paper_table(results: Sequence[RunResult]) -> str:
         for experiment in experiments:
             runs = groups.get((cell, experiment), [])
             degraded = any(r.degraded for r in runs)
-            personal = [r.personal for r in runs if r.personal[0] is not None]
+            figures = [personal_figure(r.document, personal) for r in runs]
+            figures = [f for f in figures if f[0] is not None]
             globals_ = [r.best_global for r in runs if r.best_global is not None]
             row.append(marked(mean_std(globals_), degraded))
             row.append(
-                marked(mean_std([p for p, _ in personal]), degraded, any(a for _, a in personal))
+                marked(mean_std([f for f, _ in figures]), degraded, any(a for _, a in figures))
             )
             seeds.append(str(len(runs)))
         lines.append("| " + " | ".join(row + ["/".join(seeds)]) + " |")
-    return footnotes("\n".join(lines))
+    table = footnotes("\n".join(lines))
+    return table if personal == "all" else f"{table}\n\n{SAMPLED_NOTE}"
 
 
 def cost_table(results: Sequence[RunResult]) -> str:
@@ -297,17 +315,21 @@ def _mean_band(
     return np.array(rounds), values.mean(axis=0), values.std(axis=0)
 
 
-def plot_accuracy_curves(results: Sequence[RunResult], title: str, path: Path) -> Path:
+def plot_accuracy_curves(
+    results: Sequence[RunResult], title: str, path: Path, personal: str = "all"
+) -> Path:
     """Global (left) and personal (right) accuracy per round, one line per cell, mean over
     seeds with a +-1 std band. In a degraded run's rounds with missing replies, the
     personal curve shows the accuracy over the clients that answered; such cells are
-    labelled ``†`` and a note under the figure says so."""
+    labelled ``†`` and a note under the figure says so. ``personal="sampled"``: the
+    personal curve is over the clients that had trained by each round."""
+    personal_metric = "personal_accuracy" + ("" if personal == "all" else f"_{personal}")
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     cells = by_key(results, lambda r: r.cell)
     colours = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
     for index, (cell, runs) in enumerate(cells.items()):
         degraded = sum(r.degraded for r in runs)
-        for axis, metric in zip(axes, ("global_accuracy", "personal_accuracy"), strict=True):
+        for axis, metric in zip(axes, ("global_accuracy", personal_metric), strict=True):
             band = _mean_band(runs, metric, answered=degraded > 0)
             if band is None:
                 continue
@@ -319,7 +341,8 @@ def plot_accuracy_curves(results: Sequence[RunResult], title: str, path: Path) -
             axis.plot(rounds, mean, marker="o", markersize=3, color=colour, label=label,
                       linewidth=width)  # fmt: skip
             axis.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
-    for axis, name in zip(axes, ("global model", "personal models"), strict=True):
+    personal_name = "personal models" + ("" if personal == "all" else " (trained clients)")
+    for axis, name in zip(axes, ("global model", personal_name), strict=True):
         axis.set_title(f"{name}: accuracy per round")
         axis.set_xlabel("round")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -417,9 +440,10 @@ def _save(figure: Any, path: Path) -> Path:
 
 
 # --------------------------------------------------------------------- reports
-def write_report(root: Path, out: Path) -> list[Path]:
+def write_report(root: Path, out: Path, personal: str = "all") -> list[Path]:
     """Tables and plots for every finished run (completed or degraded) under ``root``; the
-    table says which seed folders were left out and why."""
+    table says which seed folders were left out and why. ``personal`` picks the personal
+    figure shown (one of ``PERSONAL_FIGURES``)."""
     collection = scan(root)
     results, skipped = collection.results, collection.skipped_note(root)
     if not results:
@@ -429,11 +453,13 @@ def write_report(root: Path, out: Path) -> list[Path]:
         )
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "table.md", out / "costs.md"]
-    written[0].write_text("\n\n".join(filter(None, [paper_table(results), skipped])) + "\n")
+    table = paper_table(results, personal)
+    written[0].write_text("\n\n".join(filter(None, [table, skipped])) + "\n")
     written[1].write_text(cost_table(results) + "\n")
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
-        written.append(plot_accuracy_curves(runs, title, out / f"{experiment}_accuracy.png"))
+        path = out / f"{experiment}_accuracy.png"
+        written.append(plot_accuracy_curves(runs, title, path, personal))
     if len({r.clients for r in results}) >= 2:
         written.append(plot_log_ratio_vs_clients(results, out / "log_ratio_vs_clients.png"))
     return written
@@ -462,7 +488,10 @@ def class_distribution_report(run_config: dict[str, Any], clients: int, out: Pat
             for pid in range(clients)
         ]
     )
-    thresholds = [class_threshold(torch.as_tensor(row), config.threshold) for row in original]
+    sizes = original.sum(axis=1).tolist()  # every client's train size, for global-* readings
+    thresholds = [
+        class_threshold(torch.as_tensor(row), config.threshold, sizes) for row in original
+    ]
     title = (
         f"{Path(config.dataset).name}, {clients} clients, Dirichlet alpha {config.alpha}, "
         f"seed {config.seed}, threshold {config.threshold}"
@@ -481,9 +510,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("root", type=Path, help="results root written by fedreg-experiment")
     parser.add_argument("--out", type=Path, help="where to write (default: ROOT/report)")
+    parser.add_argument(
+        "--personal", choices=PERSONAL_FIGURES, default="all",
+        help="personal accuracy shown: over all clients (default, as the sources) or over "
+        "the clients that had trained at least once (sampled)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        written = write_report(args.root, args.out or args.root / "report")
+        written = write_report(args.root, args.out or args.root / "report", args.personal)
     except FileNotFoundError as err:
         parser.error(str(err))
     print(written[0].read_text())

@@ -371,6 +371,7 @@ def train_round(
     )  # fmt: skip
     check_weights(strategy, training)
     training.check_usable(server_round)
+    strategy.note_trained(int(m.content[METRICS][PARTITION_ID]) for m in training.accepted)
     aggregated, metrics = strategy.aggregate_train(server_round, training.accepted)
     training.seconds = time.perf_counter() - started
     return training, aggregated if aggregated is not None else arrays, dict(metrics or {})
@@ -516,8 +517,29 @@ def round_record(
         errors=error_summary(training, evaluation.phase),
         personal_accuracy_answered=personal.get("personal-accuracy"),
         personal_coverage=covered,
+        personal_accuracy_sampled=sampled_accuracy(personal, strategy.trained_partitions),
+        clients_trained=len(strategy.trained_partitions),
         state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
     )
+
+
+def sampled_accuracy(personal: dict[str, Any], trained: set[int]) -> float | None:
+    """The personal accuracy over the clients that have trained, when every one of them
+    answered the evaluation (as the all-client figure needs every client); else None."""
+    if not trained or personal.get("sampled-clients-evaluated") != len(trained):
+        return None
+    return personal["personal-accuracy-sampled"]
+
+
+def trained_in(records: Iterable[RoundRecord]) -> set[int]:
+    """The clients with an accepted training reply in ``records``: each round's sampled
+    clients less those a training error names. Only for checkpoints of earlier versions,
+    which did not store the set."""
+    trained: set[int] = set()
+    for record in records:
+        failed = {p for e in record.errors if e["phase"] == "train" for p in e["partitions"]}
+        trained.update(set(record.sampled_clients) - failed)
+    return trained
 
 
 def round_line(record: RoundRecord, num_rounds: int) -> str:
@@ -527,6 +549,7 @@ def round_line(record: RoundRecord, num_rounds: int) -> str:
     line = (
         f"[round {record.round:>3}/{num_rounds}] {record.train_seconds + record.eval_seconds:7.1f}s"
         f" | global {pct(record.global_accuracy)} | personal {pct(record.personal_accuracy)}"
+        f" | sampled {pct(record.personal_accuracy_sampled)} ({record.clients_trained} trained)"
     )
     if record.degraded:
         line += (
@@ -601,7 +624,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         checkpoint.check_compatible(config)
     partitions, facts = discover_partitions(grid)
     strategy.set_partitions(partitions)
-    check_federation(config, strategy, facts, algorithm.client.keeps_state())
+    check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
     test_set = None if strategy.global_on_clients else load_union_test_set(key)
@@ -625,6 +648,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         writer = ResultsWriter.resume(resumed_folder, config.to_run_config(), run_info,
                                       checkpoint.round)  # fmt: skip
         strategy.load_state_dict(checkpoint.strategy_arrays, checkpoint.strategy_state)
+        if "trained_partitions" not in checkpoint.strategy_state:  # an earlier version's
+            strategy.note_trained(trained_in(writer.rounds))
         strategy.state_key = checkpoint.state_key
         arrays, first_round = to_record(checkpoint.model), checkpoint.round + 1
         log(INFO, "resuming %s after round %d", writer.folder, checkpoint.round)

@@ -52,10 +52,23 @@ class MomentumSGD:
     100 MB. A deployed SuperNode starts a fresh ClientApp process for every message, so
     every training message paid it (``benchmarks/device_client.py``)."""
 
-    def __init__(self, params: Sequence[nn.Parameter], lr: float, momentum: float) -> None:
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        lr: float,
+        momentum: float,
+        buffers: Sequence[torch.Tensor | None] | None = None,
+    ) -> None:
+        """``buffers``: momentum buffers to continue from (one per parameter, None where
+        a parameter has none yet), e.g. a client's optimizer kept across rounds."""
         self.params = list(params)
         self.lr, self.momentum = float(lr), float(momentum)
-        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+        self.buffers: list[torch.Tensor | None] = (
+            list(buffers) if buffers is not None else [None] * len(self.params)
+        )
+        if len(self.buffers) != len(self.params):
+            raise ValueError(f"{len(self.buffers)} momentum buffers for {len(self.params)} "
+                             "parameters")  # fmt: skip
 
     def zero_grad(self) -> None:
         for param in self.params:
@@ -104,16 +117,19 @@ def train_epochs(
     momentum: float,
     generator: torch.Generator,
     device: torch.device,
+    optimizer: MomentumSGD | None = None,
 ) -> int:
     """Train ``trainable`` for ``epochs`` passes over ``data``; returns samples processed.
 
     ``loss_fn(x, y)`` runs the forward pass the algorithm needs (and any regulariser).
-    A fresh SGD optimizer is made per call, as Flower clients are stateless per round.
+    ``optimizer`` over exactly ``trainable`` continues its momentum (a client's optimizer
+    kept across rounds); without one a fresh optimizer is made for this call.
     """
     if not trainable or len(data) == 0 or epochs == 0:
         return 0
     model.train()
-    optimizer = MomentumSGD(trainable, lr=lr, momentum=momentum)
+    if optimizer is None:
+        optimizer = MomentumSGD(trainable, lr=lr, momentum=momentum)
     processed = 0
     with only_trainable(model, trainable):
         for _ in range(epochs):

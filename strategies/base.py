@@ -1,6 +1,16 @@
 """What every strategy shares: seeded client sampling, aggregation by parameter group,
 evaluation of the personal models on all clients.
 
+Personal accuracy is measured on every client (thesis 5.3; PFLlib's
+``serverbase.test_metrics`` loops over all ``self.clients``, ``evaluate`` divides the
+summed correct by the summed test samples), so a client never sampled yet is scored with
+a private part that has not been trained. Beside that headline figure,
+``personal-accuracy-sampled`` is the same sample-weighted figure over the clients that
+have trained at least once: a client counts from the round whose training reply the
+server accepted (passed the checks), not from the round it was merely sampled in; a
+client whose reply failed, timed out or was rejected does not count for that round (even
+if it trained locally).
+
 Strategies are Flower ``Strategy`` subclasses. Differences between algorithms are
 declared, not coded: ``group_weights`` says which train-reply metric weights each
 parameter group in the weighted average (FedReG: base by |D_k|, head_g by e_k).
@@ -121,6 +131,8 @@ class PersonalizedStrategy(Strategy):
             self.global_on_clients = config.global_eval == "clients"
         #: Names the clients' on-disk state for this run (set by the ServerApp).
         self.state_key = ""
+        #: Partitions whose training reply was accepted in some round so far (checkpointed).
+        self.trained_partitions: set[int] = set()
 
     # -------------------------------------------------------------- clients
     def set_partitions(self, partitions: PartitionMap) -> None:
@@ -150,6 +162,11 @@ class PersonalizedStrategy(Strategy):
         chosen = self.sampling_rng.choice(available, size=k, replace=False, p=weights)
         return sorted(int(p) for p in chosen)
 
+    def note_trained(self, partitions: Iterable[int]) -> None:
+        """Partitions whose training reply was accepted this round: from now on they count
+        for ``personal-accuracy-sampled``."""
+        self.trained_partitions.update(int(p) for p in partitions)
+
     def clients_per_round(self) -> int:
         """How many clients an ordinary training round samples (min-train-replies must
         not exceed it)."""
@@ -168,11 +185,19 @@ class PersonalizedStrategy(Strategy):
     # ---------------------------------------------------------- checkpoint
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """What a checkpoint must hold to continue exactly: arrays, and JSON-able state
-        (here the sampling generator's, so a resumed run samples the same clients)."""
-        return {}, {"sampling_rng": self.sampling_rng.bit_generator.state}
+        (here the sampling generator's, so a resumed run samples the same clients, and the
+        clients that have trained, so it reports the same sampled personal accuracy)."""
+        return {}, {
+            "sampling_rng": self.sampling_rng.bit_generator.state,
+            "trained_partitions": sorted(self.trained_partitions),
+        }
 
     def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
+        """Checkpoints of earlier versions lack ``trained_partitions``: the set is left as
+        it is (the ServerApp rebuilds it from the kept rounds)."""
         self.sampling_rng.bit_generator.state = state["sampling_rng"]
+        if "trained_partitions" in state:
+            self.trained_partitions = {int(p) for p in state["trained_partitions"]}
 
     def _messages(
         self, partitions: Iterable[int], record: RecordDict, message_type: str
@@ -327,7 +352,11 @@ class PersonalizedStrategy(Strategy):
             (dict(msg.content[METRICS]) for msg in valid), key=lambda m: m[PARTITION_ID]
         )
         self.test_sizes.update((int(r[PARTITION_ID]), int(r[NUM_TEST])) for r in results)
-        summary = {**personal_metrics(results), **cost_totals(results)}
+        summary = {
+            **personal_metrics(results),
+            **sampled_personal_metrics(results, self.trained_partitions),
+            **cost_totals(results),
+        }
         if self.global_on_clients:
             correct = sum(int(r[GLOBAL_CORRECT]) for r in results)
             summary["global-accuracy"] = correct / summary["num-test"]
@@ -393,6 +422,22 @@ def personal_metrics(results: list[dict[str, float]]) -> dict[str, float | list[
         "num-test": total,
         "client-partitions": [int(r[PARTITION_ID]) for r in results],
         "client-accuracies": per_client,
+    }
+
+
+def sampled_personal_metrics(
+    results: list[dict[str, float]], trained: set[int]
+) -> dict[str, float | int]:
+    """``personal_metrics``' accuracy over the replies of partitions that have trained:
+    sum of correct over sum of test samples, and how many such clients it covers. Empty
+    when none of them answered (no client trained yet)."""
+    chosen = [r for r in results if int(r[PARTITION_ID]) in trained]
+    total = sum(int(r[NUM_TEST]) for r in chosen)
+    if not chosen or total < 1:
+        return {}
+    return {
+        "personal-accuracy-sampled": sum(int(r[PERSONAL_CORRECT]) for r in chosen) / total,
+        "sampled-clients-evaluated": len(chosen),
     }
 
 

@@ -65,11 +65,18 @@ def test_fedbabu_head_never_moves_in_training_and_finetuning_is_not_kept() -> No
     result = client.train(global_arrays(), 1)
     assert set(result.arrays) == set(group(global_arrays(), BASE))  # only the base is sent
     assert same(client.model.group_state(HEAD_G), group(global_arrays(), HEAD_G))
+    assert list(client.setup.state) == ["optimizer-0"]  # the base's momentum, nothing else
+    kept = dict(client.setup.state["optimizer-0"].items())
     # Fine-tuning before evaluation moves the head of this evaluation's copy only...
     evaluator = FedBABUClient(client.setup)
-    evaluator.evaluate({**global_arrays(), **result.arrays}, 1)
+    evaluator.evaluate({**global_arrays(), **result.arrays}, client.config.num_server_rounds)
     assert not same(evaluator.model.group_state(HEAD_G), group(global_arrays(), HEAD_G))
-    assert len(client.setup.state) == 0  # ...and nothing is stored on the client
+    # ...and nothing of it is stored on the client, its optimizer included
+    assert list(client.setup.state) == ["optimizer-0"]
+    assert all(
+        np.array_equal(array.numpy(), kept[name].numpy())
+        for name, array in client.setup.state["optimizer-0"].items()
+    )
 
 
 def test_fedbabu_server_sends_only_the_base_and_clients_hold_the_same_initial_head() -> None:
@@ -87,7 +94,7 @@ def test_fedbabu_feature_finetuning_equals_finetuning_through_the_frozen_base() 
     """Head fine-tuning on cached features == on images with the base frozen."""
     a = FedBABUClient(make_setup(algo="fedbabu", **{"finetune-epochs": 1}))
     a.load_global(global_arrays())
-    a.prepare_personal_model(1)
+    a.fine_tune(1)
     b = FedBABUClient(make_setup(algo="fedbabu"))
     b.load_global(global_arrays())
     b.fit(b.model.parameters_of(HEAD_G), b.cross_entropy(b.model), b.data.train, 1, 1, stream=3)

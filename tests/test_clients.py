@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from flwr.app import RecordDict
 
@@ -25,7 +26,8 @@ def tensors(counts: list[int], seed: int) -> TensorData:
 
 
 def make_setup(state: RecordDict | None = None, counts=(40, 3, 0, 9), **config) -> ClientSetup:
-    run_config = load_config({"local-epochs": 1, "batch-size": 8, **config})
+    # head-depth 2 for every algorithm: the fixtures' arrays are built at depth 2
+    run_config = load_config({"local-epochs": 1, "batch-size": 8, "head-depth": 2, **config})
     data = ClientData(7, tensors(list(counts), 1), tensors([5, 5, 0, 5], 2))
     return ClientSetup(run_config, INFO, data, RecordDict() if state is None else state)
 
@@ -162,3 +164,70 @@ def test_trained_parameter_count_is_what_each_algorithm_updates() -> None:
     assert fedavg.metrics[NUM_TRAINED_PARAMS] == sizes[BASE] + sizes[HEAD_G]
     fedbabu = FedBABUClient(make_setup(algo="fedbabu")).train(global_arrays(), server_round=1)
     assert fedbabu.metrics[NUM_TRAINED_PARAMS] == sizes[BASE]  # the head never trains
+
+
+# ------------------------------------------------------------- optimizer state
+def test_persistent_optimizer_continues_momentum_as_one_optimizer_kept_across_rounds() -> None:
+    """Two FedAvg rounds with the client's optimizer kept (the default) give exactly what
+    one MomentumSGD made once and reused gives, the weights overwritten by the server's
+    in between (PFLlib's client keeps its optimizer; the thesis makes it once)."""
+    from fedreg_app.seeds import torch_generator
+    from fedreg_app.training import MomentumSGD, train_epochs
+
+    state = RecordDict()
+    rounds = [(global_arrays(0), 1), (global_arrays(1), 2)]
+    sent = [FedAvgClient(make_setup(state)).train(arrays, r).arrays for arrays, r in rounds]
+
+    setup = make_setup()
+    model = FedAvgClient(setup).model
+    params = model.parameters_of(BASE, HEAD_G)
+    optimizer = MomentumSGD(params, lr=setup.config.lr, momentum=setup.config.momentum)
+    for (arrays, server_round), ours in zip(rounds, sent, strict=True):
+        model.load_group_state(arrays, BASE, HEAD_G)
+        train_epochs(model, params, lambda x, y: torch.nn.functional.cross_entropy(model(x), y),
+                     setup.data.train, epochs=1, batch_size=8, lr=setup.config.lr,
+                     momentum=setup.config.momentum, device=torch.device("cpu"),
+                     generator=torch_generator(0, "shuffle", 7, server_round, 0),
+                     optimizer=optimizer)  # fmt: skip
+        assert same(model.group_state(BASE, HEAD_G), ours)
+
+
+def test_fresh_optimizer_state_keeps_nothing_and_differs_from_round_two_on() -> None:
+    kept, fresh = RecordDict(), RecordDict()
+    results = {}
+    for name, state, mode in (("kept", kept, "persistent"), ("fresh", fresh, "fresh")):
+        for arrays, server_round in ((global_arrays(0), 1), (global_arrays(1), 2)):
+            client = FedAvgClient(make_setup(state, **{"optimizer-state": mode}))
+            results[name, server_round] = client.train(arrays, server_round).arrays
+    assert len(fresh) == 0 and list(kept) == ["optimizer-0"]
+    assert same(results["kept", 1], results["fresh", 1])  # nothing to continue from yet
+    assert not same(results["kept", 2], results["fresh", 2])
+
+
+def test_fedreg_keeps_two_optimizers_each_over_its_own_step() -> None:
+    """opt_1 over base + head_p, opt_2 over base + head_g: two momentum buffers for the
+    base (thesis §3.3.2)."""
+    state = RecordDict()
+    FedReGClient(make_setup(state)).train(global_arrays(), 1)
+    first = {k.split(".")[0] for k in state["optimizer-1"]}
+    second = {k.split(".")[0] for k in state["optimizer-2"]}
+    assert first == {BASE, HEAD_P} and second == {BASE, HEAD_G}
+
+
+def test_momentum_of_the_wrong_shape_in_the_state_is_refused() -> None:
+    from fedreg_app.records import to_record
+
+    state = RecordDict()
+    FedAvgClient(make_setup(state)).train(global_arrays(), 1)
+    buffers = {k: v.numpy() for k, v in state["optimizer-0"].items()}
+    name = next(iter(buffers))
+    state["optimizer-0"] = to_record({**buffers, name: np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=f"optimizer-0.*{name}"):
+        FedAvgClient(make_setup(state)).train(global_arrays(), 2)
+
+
+def test_optimizer_state_value_is_checked() -> None:
+    from fedreg_app.config import ConfigError
+
+    with pytest.raises(ConfigError, match="optimizer-state='kept'.*persistent, fresh"):
+        load_config({"optimizer-state": "kept"})

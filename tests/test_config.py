@@ -7,10 +7,14 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from clients.fedprox import FedProxOptions
-from fedreg_app.config import ConfigError
-from fedreg_app.registry import declared_keys, load_config
+from fedreg_app.checkpoint import Checkpoint
+from fedreg_app.config import ONE_LAYER_HEADS, ConfigError
+from fedreg_app.data import DatasetInfo
+from fedreg_app.models import initial_model
+from fedreg_app.registry import ALGORITHMS, declared_keys, load_config
 
 
 @pytest.mark.parametrize(
@@ -138,3 +142,69 @@ def test_pyproject_declares_exactly_the_keys_and_defaults_of_the_code() -> None:
     pyproject.toml, which flwr reads, must say the same."""
     declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert declared_keys() == declared["tool"]["flwr"]["app"]["config"]
+
+
+# --- head-depth = "auto": each algorithm's own split (issue 14, item 2) -------------------
+
+BASELINES = sorted(set(ALGORITHMS) - {"fedreg"})
+
+
+def test_head_depth_auto_is_fedregs_two_layers_and_every_baselines_one() -> None:
+    """FedReG keeps two Linear layers (thesis §5.5); every other algorithm is cut at the
+    last Linear, as PFLlib cuts them at ``model.fc``. The resolved int is what
+    results.json and a checkpoint see; ``given`` keeps "auto"."""
+    assert load_config({}).head_depth == 2
+    for variant in ({"fedreg-private-head": False}, {"fedreg-head-weight": "original"}):
+        assert load_config({"algo": "fedreg", **variant}).head_depth == 2  # the ablations
+    assert {"fedrod", "fedper", "fedavg", "fedrep", "fedbabu", "gpfl"} <= set(BASELINES)
+    for algo in BASELINES:
+        config = load_config({"algo": algo, "head-depth": "auto"})
+        assert config.head_depth == 1, algo
+        assert config.to_run_config()["head-depth"] == 1
+        assert config.given["head-depth"] == "auto"
+        assert load_config(config.to_run_config()) == config
+
+
+@pytest.mark.parametrize("model", sorted(ONE_LAYER_HEADS))
+def test_head_depth_auto_is_one_for_models_with_a_one_layer_head(model: str) -> None:
+    assert load_config({"algo": "fedreg", "model": model}).head_depth == 1
+
+
+@pytest.mark.parametrize("algo", ["fedreg", "fedrod", "fedseq-vanilla"])
+@pytest.mark.parametrize("depth", [1, 2, 3, 2.0])
+def test_explicit_head_depth_is_kept_whatever_the_algorithm(algo: str, depth: float) -> None:
+    config = load_config({"algo": algo, "head-depth": depth, "num-server-rounds": 4})
+    assert config.head_depth == int(depth) and isinstance(config.head_depth, int)
+    assert config.to_run_config()["head-depth"] == int(depth)
+
+
+@pytest.mark.parametrize("value", ["x", "2", 0, 4, 2.5, True, float("nan")])
+def test_bad_head_depth_names_the_key_and_the_allowed_values(value: object) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config({"algo": "fedrod", "head-depth": value})
+    message = str(caught.value)
+    assert message.startswith("head-depth=")
+    assert "'auto'" in message and "(1, 2, 3)" in message
+
+
+def test_fedrods_built_model_has_a_one_linear_head_and_fedregs_two() -> None:
+    info = DatasetInfo(num_classes=4, channels=1, height=28, width=28)
+
+    def linears(module: torch.nn.Module) -> int:
+        return sum(isinstance(m, torch.nn.Linear) for m in module.modules())
+
+    fedrod = initial_model(info, load_config({"algo": "fedrod"}), private_head=True)
+    assert linears(fedrod.head_g) == 1 and linears(fedrod.head_p) == 1
+    assert linears(fedrod.base) == 2  # the ConvNet's fc1 and fc2 stay in the base
+    fedreg = initial_model(info, load_config({"algo": "fedreg"}), private_head=True)
+    assert linears(fedreg.head_g) == 2 and linears(fedreg.head_p) == 2
+
+
+def test_resuming_a_checkpoint_of_another_head_depth_is_refused() -> None:
+    """A baseline checkpoint made before "auto" (head-depth 2) is not the same model."""
+    made_with = load_config({"algo": "fedrod", "head-depth": 2, "num-server-rounds": 5})
+    checkpoint = Checkpoint(3, {}, {}, {}, "k", made_with.to_run_config())
+    checkpoint.check_compatible(load_config({"algo": "fedrod", "head-depth": 2,
+                                             "num-server-rounds": 8}))  # fmt: skip
+    with pytest.raises(ConfigError, match="head-depth=1 is not allowed.*head-depth=2"):
+        checkpoint.check_compatible(load_config({"algo": "fedrod", "num-server-rounds": 8}))

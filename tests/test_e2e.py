@@ -26,7 +26,7 @@ from fedreg_app.launcher import LocalSuperLink, descendants
 from fedreg_app.models import BASE, HEAD_G, build_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.records import to_record
-from fedreg_app.registry import algorithm_names
+from fedreg_app.registry import algorithm_names, load_config
 from strategies.fedavg import FedAvgStrategy
 
 pytestmark = pytest.mark.e2e
@@ -98,6 +98,8 @@ def test_every_algorithm_runs_in_simulation(
         assert 0.0 <= record["global_accuracy"] <= 1.0
         assert 0.0 <= record["personal_accuracy"] <= 1.0
         assert len(record["client_accuracies"]) == 4  # every client, not only the sampled
+        assert 0.0 <= record["personal_accuracy_sampled"] <= 1.0  # over those that trained
+        assert 2 <= record["clients_trained"] <= 4
     assert all(r["num_train_examples"] > 0 for r in rounds)
     # the same seed trains the same clients in the same rounds for every algorithm
     expected = expected_sampled_clients(7, 3)
@@ -112,10 +114,12 @@ def test_every_algorithm_runs_in_simulation(
     check_costs(algo, rounds)
 
 
-def model_bytes(*groups: str) -> int:
-    """Serialized bytes of the named groups of the run's model on the generated data."""
+def model_bytes(algo: str, *groups: str) -> int:
+    """Serialized bytes of the named groups of the run's model on the generated data,
+    split where the algorithm splits it (``head-depth = "auto"``)."""
     info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
-    record = to_record(build_model(info, 2, 0).group_state(*groups))
+    depth = load_config({"algo": algo}).head_depth
+    record = to_record(build_model(info, depth, 0).group_state(*groups))
     return sum(len(array.data) for array in record.values())
 
 
@@ -131,13 +135,13 @@ def check_costs(algo: str, rounds: list[dict]) -> None:
         assert 0 < record["client_compute_seconds"] <= record["client_handler_seconds"]
     sent = {"fedavg": (BASE, HEAD_G), "fedper": (BASE,), "fedbabu": (BASE,)}.get(algo)
     if sent:
-        size = model_bytes(*sent)
+        size = model_bytes(algo, *sent)
         assert rounds[0]["bytes_to_clients"] == 2 * size  # training only
-        whole = model_bytes(BASE, HEAD_G)
+        whole = model_bytes(algo, BASE, HEAD_G)
         assert rounds[1]["bytes_to_clients"] == 2 * size + 4 * whole  # train + evaluate
         assert [r["train_bytes_to_clients"] for r in rounds] == [2 * size] * 3
     if algo == "fedavg":
-        assert rounds[0]["bytes_from_clients"] == 2 * model_bytes(BASE, HEAD_G)
+        assert rounds[0]["bytes_from_clients"] == 2 * model_bytes(algo, BASE, HEAD_G)
 
 
 def test_bad_config_fails_before_training(

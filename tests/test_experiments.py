@@ -426,11 +426,14 @@ def interrupted_run(spec: RunSpec, status: str, name: str = "20250101-000000_run
     return folder
 
 
-def test_fedreg_runs_get_their_own_state_dir_and_fedavg_runs_none(tmp_path: Path) -> None:
+def test_runs_whose_clients_keep_state_get_their_own_state_dir(tmp_path: Path) -> None:
     (spec,) = one_cell_specs(tmp_path, 1)  # fedreg: its clients keep a private head
     assert spec.keeps_state and spec.state_dir == (spec.folder / "state").resolve()
     fedavg = plan([grid_experiment(tmp_path)], tmp_path, DECLARED, {}, algos=("fedavg",))[0]
-    assert not fedavg.keeps_state and "state-dir" not in fedavg.run_config
+    assert fedavg.keeps_state and "state-dir" in fedavg.run_config  # its momentum is kept
+    fresh = plan([grid_experiment(tmp_path)], tmp_path, DECLARED,
+                 {"optimizer-state": "fresh"}, algos=("fedavg",))[0]  # fmt: skip
+    assert not fresh.keeps_state and "state-dir" not in fresh.run_config
     shared = plan([grid_experiment(tmp_path)], tmp_path, DECLARED,
                   {"state-dir": str(tmp_path / "mine")}, algos=("fedreg",))[0]  # fmt: skip
     assert shared.state_dir == tmp_path / "mine" and not shared.own_state_dir

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clients.fedavg2rep import FedAvg2RepClient
 from clients.fedbabu_deviation import FINETUNE_PHASE, FedBABUDeviationClient
 from clients.fedseq import FINETUNED, FedSeqClient, unfreeze_rounds
 from clients.lg_fedavg import LGFedAvgClient
@@ -39,27 +38,6 @@ def test_lg_fedavg_shares_the_head_and_keeps_its_own_base() -> None:
     before = client.steps[0][0]
     assert same(group(before, BASE), kept_base)
     assert same(group(before, HEAD_G), group(global_arrays(seed=3), HEAD_G))
-
-
-def test_fedavg2rep_switches_from_fedavg_to_fedrep_after_the_warmup() -> None:
-    setup = make_setup(algo="fedavg2rep", **{"fedavg2rep-warmup-rounds": 2})
-    for server_round in (1, 2):  # FedAvg: one fit of the whole model, nothing kept
-        client = recording(FedAvg2RepClient)(setup)
-        client.train(global_arrays(), server_round)
-        assert len(client.steps) == 1 and HEAD_G not in setup.state
-    # Round 3: FedRep, starting from the server's (warmed-up) head: head epochs, then base.
-    client = recording(FedAvg2RepClient)(setup)
-    client.train(global_arrays(seed=4), 3)
-    assert len(client.steps) == 2 and HEAD_G in setup.state
-    (head_before, head_after), (base_before, base_after) = client.steps
-    assert same(group(head_before, HEAD_G), group(global_arrays(seed=4), HEAD_G))
-    assert same(group(head_before, BASE), group(head_after, BASE))  # base frozen first
-    assert same(group(base_before, HEAD_G), group(base_after, HEAD_G))  # then head frozen
-    # Round 4: the client's own head, whatever the server sends.
-    kept = from_record(setup.state[HEAD_G])
-    client = recording(FedAvg2RepClient)(setup)
-    client.train(global_arrays(seed=5), 4)
-    assert same(group(client.steps[0][0], HEAD_G), kept)
 
 
 def fedseq_config(**extra) -> dict:
