@@ -1,0 +1,384 @@
+"""Replay the first rounds of a recorded run and check that they come out the same.
+
+``results.json`` keeps the whole run config as it ran (``config``) and the number of
+clients (``run.num_clients``). ``fedreg-replay`` runs that config again, through the same
+machinery as ``fedreg-experiment`` (a :class:`~fedreg_app.launcher.LocalSuperLink` we own,
+``flwr run`` in Flower's simulation), into a fresh results folder and client state folder,
+and stops it (by PID, with everything it started) as soon as round N is checkpointed. The
+run is not shortened: ``num-server-rounds`` stays as recorded, because schedules depend on
+it (FedBABU's final fine-tune, FedSeq's unfreeze rounds, ``eval-every``).
+
+Rounds 1..N are then compared, field by field: the global, personal and answered personal
+accuracy, every client's accuracy, the sampled clients and the training examples. On the
+same kind of machine a CPU run is deterministic (seeded sampling, partitions and training),
+so the aim is bit-identical figures; a round evaluated in one run and not in the other is a
+difference too. Exit status: 0 identical, 1 some difference (or the replay stopped before
+round N), 2 a bad command line or results file (reported before any work), 130 / 143
+stopped by SIGINT / SIGTERM.
+
+    fedreg-replay results/.../seed0/results.json --rounds 3 \\
+        --set dataset-path=/path/to/fashion_mnist
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedreg_app.checkpoint import committed_round
+from fedreg_app.config import ConfigError
+from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
+from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.metrics import first_line
+from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
+from fedreg_app.registry import load_config
+
+#: Per-round fields compared; the accuracies are fractions in [0, 1] (or None).
+ACCURACIES = (
+    "global_accuracy",
+    "personal_accuracy",
+    "personal_accuracy_answered",
+    "client_accuracies",
+)
+COMPARED = (*ACCURACIES, "sampled_clients", "num_train_examples")
+#: Keys ``--set`` may change: where the same inputs lie on this machine, nothing else
+#: (any other key would make the replay a different run).
+SETTABLE = ("dataset-path", "init-model")
+EXIT_DIFFERENT = 1
+MAX_ROWS = 40  # difference rows printed; the rest are counted
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What a results.json says about a run: its config, clients and round records."""
+
+    path: Path
+    config: dict[str, Any]
+    num_clients: int
+    rounds: list[dict[str, Any]]
+    run: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field of one round that differs; ``abs_diff`` where both are numbers."""
+
+    round: int
+    field: str
+    recorded: Any
+    replayed: Any
+    abs_diff: float | None = None
+
+
+# --------------------------------------------------------------- validation
+def read_recording(path: Path) -> Recording:
+    """The results.json at ``path`` (or in the folder ``path``), checked for everything a
+    replay needs; :class:`ConfigError` names the file and what is wrong."""
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        document = json.loads(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: is not JSON ({err})") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a JSON object with config, run and rounds")
+    missing = [k for k in ("config", "run", "rounds") if k not in document]
+    if missing:
+        raise ConfigError(f"{path}: missing key(s) {', '.join(missing)} (not a run's results)")
+    config, run, rounds = document["config"], document["run"], document["rounds"]
+    if not isinstance(config, dict) or not isinstance(run, dict) or not isinstance(rounds, list):
+        raise ConfigError(f"{path}: config and run must be objects, rounds a list")
+    clients = run.get("num_clients")
+    if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
+        raise ConfigError(f"{path}: run.num_clients is {clients!r}; expected an integer >= 1")
+    for index, record in enumerate(rounds, start=1):
+        if not isinstance(record, dict) or record.get("round") != index:
+            raise ConfigError(f"{path}: rounds[{index - 1}] is not the record of round {index}")
+        absent = [k for k in COMPARED if k not in record]
+        if absent:
+            raise ConfigError(f"{path}: round {index} has no {', '.join(absent)}")
+    return Recording(path.resolve(), config, clients, rounds, run)
+
+
+def check_rounds(recording: Recording, rounds: int) -> None:
+    """``--rounds`` must lie within the rounds the file records."""
+    recorded = len(recording.rounds)
+    if not 1 <= rounds <= recorded:
+        planned = recording.config.get("num-server-rounds", "?")
+        raise ConfigError(
+            f"--rounds={rounds} is not allowed: expected 1..{recorded}, the rounds "
+            f"{recording.path} records (of num-server-rounds={planned})"
+        )
+
+
+def replay_config(
+    recording: Recording, overrides: dict[str, Any], out: Path, declared: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The recorded config as it ran, with fresh ``results-dir`` / ``state-dir`` under
+    ``out``, no ``resume`` and the ``--set`` paths; validated before any work. Returns it
+    and notes for the user (keys the file does not record run with today's defaults)."""
+    refused = sorted(set(overrides) - set(SETTABLE))
+    if refused:
+        raise ConfigError(
+            f"--set {', '.join(refused)}: a replay runs the recorded config; only "
+            f"{', '.join(SETTABLE)} (where the same inputs lie on this machine) may be set"
+        )
+    recorded = recording.config
+    check_declared(recorded, declared, f"the recorded config (in {recording.path}); "
+                   "it was made by another version of the app")  # fmt: skip
+    config = {**recorded, **overrides, "resume": "", "results-dir": str(out / "results")}
+    if recorded.get("state-dir"):  # "" kept the clients' state in memory: so does the replay
+        config["state-dir"] = str(out / "state")
+    for key in SETTABLE:
+        value = str(config.get(key) or "")
+        if value and not Path(value).expanduser().exists():
+            given = "given with --set" if key in overrides else f"recorded in {recording.path}"
+            raise ConfigError(
+                f"{key}={value!r} ({given}) does not exist on this machine; give its location "
+                f"with --set {key}=/path/to/{Path(value).name}"
+            )
+        if value:
+            config[key] = str(Path(value).expanduser().resolve())
+    load_config({**declared, **config})  # a bad value fails here, not in the ServerApp
+    notes = [
+        f"{key} is not recorded; the replay uses today's default {declared[key]!r}"
+        for key in declared if key not in recorded
+    ]  # fmt: skip
+    return config, notes
+
+
+# ---------------------------------------------------------------- comparing
+def _same(a: Any, b: Any) -> bool:
+    both_nan = isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b)
+    return both_nan or (type(a) is type(b) or _number(a) and _number(b)) and a == b
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _difference(round_: int, field: str, recorded: Any, replayed: Any) -> Difference:
+    numeric = _number(recorded) and _number(replayed)
+    return Difference(round_, field, recorded, replayed,
+                      abs(recorded - replayed) if numeric else None)  # fmt: skip
+
+
+def compare_round(recorded: dict[str, Any], replayed: dict[str, Any]) -> list[Difference]:
+    """The compared fields of one round that differ; client accuracies client by client
+    (a client present in one and not the other, or a round evaluated in one only, too)."""
+    number, found = int(recorded["round"]), []
+    for field in COMPARED:
+        mine, theirs = recorded.get(field), replayed.get(field)
+        if field == "client_accuracies" and isinstance(mine, dict) and isinstance(theirs, dict):
+            for client in sorted(set(mine) | set(theirs), key=_client_order):
+                a, b = mine.get(client), theirs.get(client)
+                if not _same(a, b):
+                    found.append(_difference(number, f"client_accuracies[{client}]", a, b))
+        elif not _same(mine, theirs):
+            found.append(_difference(number, field, mine, theirs))
+    return found
+
+
+def _client_order(client: str) -> tuple[int, str]:
+    return (int(client), "") if client.isdigit() else (1 << 62, client)
+
+
+def compare_rounds(
+    recorded: list[dict[str, Any]], replayed: list[dict[str, Any]], rounds: int
+) -> list[Difference]:
+    """Every difference in rounds 1..``rounds``; a round the replay did not reach is one."""
+    theirs = {r.get("round"): r for r in replayed}
+    found: list[Difference] = []
+    for record in recorded[:rounds]:
+        other = theirs.get(record["round"])
+        if other is None:
+            found.append(Difference(record["round"], "round", "recorded", "not replayed"))
+        else:
+            found.extend(compare_round(record, other))
+    return found
+
+
+def max_abs_diff(differences: list[Difference]) -> float:
+    """The largest |recorded - replayed| among the differing accuracies that both runs
+    have (0.0 when they all agree); other differences only show in the table."""
+    gaps = [
+        d.abs_diff for d in differences
+        if d.field.startswith(ACCURACIES) and d.abs_diff is not None and not math.isnan(d.abs_diff)
+    ]  # fmt: skip
+    return max(gaps, default=0.0)
+
+
+# ----------------------------------------------------------------- printing
+def _show(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return repr(value)
+    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def round_table(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]],
+                rounds: int) -> str:  # fmt: skip
+    """One line per round: the headline accuracies of both runs and whether it agrees."""
+    theirs = {r.get("round"): r for r in replayed}
+    lines = [
+        "| round | global recorded | global replayed | personal recorded | personal replayed "
+        "| same |",
+        "|---|---|---|---|---|---|",
+    ]
+    for record in recorded[:rounds]:
+        other = theirs.get(record["round"], {})
+        same = bool(other) and not compare_round(record, other)
+        lines.append(
+            f"| {record['round']} | {_show(record['global_accuracy'])} "
+            f"| {_show(other.get('global_accuracy'))} | {_show(record['personal_accuracy'])} "
+            f"| {_show(other.get('personal_accuracy'))} | {'yes' if same else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def difference_table(differences: list[Difference]) -> str:
+    lines = ["| round | field | recorded | replayed | abs diff |", "|---|---|---|---|---|"]
+    for d in differences[:MAX_ROWS]:
+        diff = "" if d.abs_diff is None else f"{d.abs_diff:.6g}"
+        lines.append(f"| {d.round} | {d.field} | {_show(d.recorded)} | {_show(d.replayed)} "
+                     f"| {diff} |")  # fmt: skip
+    if len(differences) > MAX_ROWS:
+        lines.append(f"... and {len(differences) - MAX_ROWS} more differences")
+    return "\n".join(lines)
+
+
+def summary_line(rounds: int, differences: list[Difference], largest: float,
+                 source: Path) -> str:  # fmt: skip
+    """``replay: rounds=N identical=... max_abs_diff=... [differing_rounds=...] source=...``"""
+    differing = sorted({d.round for d in differences})
+    where = f" differing_rounds={','.join(map(str, differing))}" if differing else ""
+    return (
+        f"replay: rounds={rounds} identical={'false' if differences else 'true'} "
+        f"max_abs_diff={largest:.6g}{where} source={source}"
+    )
+
+
+# ------------------------------------------------------------------ running
+def run_until_round(
+    run_config: dict[str, Any], clients: int, rounds: int, folder: Path, poll_seconds: float = 0.5
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run the config in the simulation until round ``rounds`` is checkpointed (or the run
+    ends), then stop the SuperLink and everything it started, by PID. Returns the replay's
+    round records and its ``run`` section (empty if it wrote no results.json)."""
+    results_dir = Path(run_config["results-dir"])
+    with LocalSuperLink(folder / ".flwr_home") as superlink:
+        config_file = write_run_config(run_config, folder)
+        polling = superlink.run_polling(str(config_file), clients, folder / "flwr.log",
+                                        poll_seconds)  # fmt: skip
+        last = 0
+        try:
+            for _ in polling:
+                done = max((committed_round(f.parent) for f in results_dir.glob("*/results.json")),
+                           default=0)  # fmt: skip
+                if done != last:
+                    print(f"replay: round {done}/{rounds} checkpointed", flush=True)
+                    last = done
+                if done >= rounds:
+                    break
+        finally:
+            polling.close()  # ends `flwr run`; leaving the block stops the simulation
+            config_file.unlink(missing_ok=True)
+    found = sorted(results_dir.glob("*/results.json"))
+    if not found:
+        return [], {}
+    document = json.loads(found[-1].read_text())
+    return list(document.get("rounds", [])), dict(document.get("run", {}))
+
+
+def _ended_early(run: dict[str, Any], replayed: int, rounds: int, folder: Path) -> str | None:
+    if replayed >= rounds:
+        return None
+    if not run:
+        return f"the replay wrote no results.json; see {folder / 'flwr.log'}"
+    error = f": {first_line(run['error'])}" if run.get("error") else ""
+    return f"the replay ended after round {replayed} ({run.get('status', '?')}{error})"
+
+
+# ----------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fedreg-replay",
+        description="Rerun the first rounds of a recorded run from its results.json and "
+        "check that they give the same per-round figures.",
+        epilog="Exit status: 0 identical; 1 some difference; 2 bad arguments or results "
+        "file; 130/143 stopped by SIGINT/SIGTERM.",
+    )
+    parser.add_argument("results", type=Path, help="a run's results.json (or its folder)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds to replay (default 3)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="where an input lies on this machine: "
+                        + ", ".join(SETTABLE))  # fmt: skip
+    parser.add_argument("--out", type=Path,
+                        help="folder for the replay (default: a temporary one, removed "
+                        "when the rounds are identical)")  # fmt: skip
+    args = parser.parse_args(argv)
+    declared = declared_run_config()
+    try:
+        recording = read_recording(args.results)
+        check_rounds(recording, args.rounds)
+        overrides = parse_overrides(args.set)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="replay-", dir=args.out)).resolve()
+        try:
+            run_config, notes = replay_config(recording, overrides, folder, declared)
+        except ConfigError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+    except (ConfigError, OSError) as err:
+        parser.error(str(err))
+    for note in notes:
+        print(f"replay: note: {note}", flush=True)
+    print(
+        f"replay: rounds 1..{args.rounds} of {run_config.get('algo')} "
+        f"(num-server-rounds={run_config.get('num-server-rounds')}, "
+        f"{recording.num_clients} clients) from {recording.path} in {folder}",
+        flush=True,
+    )
+    try:
+        with stop_on_signals():
+            replayed, run = run_until_round(run_config, recording.num_clients, args.rounds, folder)
+    except Stop as stop:
+        print(f"replay: {stop.reason}; the replay is in {folder}", file=sys.stderr)
+        return stop.exit_code
+    return report(recording, replayed, run, args.rounds, folder, keep=args.out is not None)
+
+
+def report(recording: Recording, replayed: list[dict[str, Any]], run: dict[str, Any],
+           rounds: int, folder: Path, keep: bool) -> int:  # fmt: skip
+    """Print the comparison and the summary line; 0 when identical, else 1."""
+    differences = compare_rounds(recording.rounds, replayed, rounds)
+    print(round_table(recording.rounds, replayed, rounds))
+    ended = _ended_early(run, len([r for r in replayed if r.get("round", 0) <= rounds]),
+                         rounds, folder)  # fmt: skip
+    if ended:
+        print(f"replay: {ended}", file=sys.stderr)
+    if differences:
+        print(difference_table(differences))
+    if differences or keep:
+        print(f"replay: the replayed run is in {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    largest = max_abs_diff(differences)
+    print(summary_line(rounds, differences, largest, recording.path), flush=True)
+    return EXIT_DIFFERENT if differences else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

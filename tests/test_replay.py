@@ -1,0 +1,204 @@
+"""``fedreg-replay``: a recorded run's first rounds, run again, give the same figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fedreg_app import replay
+from fedreg_app.experiments import main as run_experiment
+from fedreg_app.overrides import declared_run_config
+from fedreg_app.replay import (
+    Recording,
+    compare_rounds,
+    main,
+    max_abs_diff,
+    read_recording,
+    replay_config,
+    summary_line,
+)
+from tests.test_experiments import tiny_config
+
+DECLARED = declared_run_config()
+
+
+def round_record(number: int, g: float | None = 0.5, p: float | None = 0.6) -> dict[str, Any]:
+    return {
+        "round": number,
+        "global_accuracy": g,
+        "personal_accuracy": p,
+        "personal_accuracy_answered": p,
+        "client_accuracies": None if p is None else {"0": p, "1": p, "10": p},
+        "sampled_clients": [0, 1],
+        "num_train_examples": 40,
+    }
+
+
+def results_file(tmp_path: Path, rounds: int = 3, **config: Any) -> Path:
+    document = {
+        "config": {"algo": "fedavg", "num-server-rounds": 5, **config},
+        "run": {"num_clients": 4, "status": "completed"},
+        "rounds": [round_record(n) for n in range(1, rounds + 1)],
+    }
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def error_of(argv: list[str], capsys) -> str:
+    """The message of a command line refused before any work (exit status 2)."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    return capsys.readouterr().err
+
+
+# ------------------------------------------------------------- validation
+def test_a_file_that_is_not_json_or_lacks_keys_is_refused_by_name(tmp_path: Path, capsys) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert "is not JSON" in error_of([str(broken)], capsys)
+    broken.write_text(json.dumps({"config": {}, "rounds": []}))
+    assert "missing key(s) run" in error_of([str(broken)], capsys)
+    broken.write_text(json.dumps({"config": {}, "run": {}, "rounds": []}))
+    assert "run.num_clients is None" in error_of([str(broken)], capsys)
+    assert "cannot be read" in error_of([str(tmp_path / "absent.json")], capsys)
+
+
+def test_a_round_record_without_a_compared_field_is_named(tmp_path: Path) -> None:
+    path = results_file(tmp_path)
+    document = json.loads(path.read_text())
+    del document["rounds"][1]["sampled_clients"]
+    path.write_text(json.dumps(document))
+    with pytest.raises(replay.ConfigError, match="round 2 has no sampled_clients"):
+        read_recording(path)
+
+
+@pytest.mark.parametrize("rounds", ["0", "4"])
+def test_rounds_outside_the_recorded_ones_are_refused(tmp_path: Path, capsys, rounds) -> None:
+    err = error_of([str(results_file(tmp_path)), "--rounds", rounds], capsys)
+    assert f"--rounds={rounds} is not allowed: expected 1..3" in err
+    assert "num-server-rounds=5" in err
+
+
+def test_a_recorded_dataset_path_that_is_gone_asks_for_set(tmp_path: Path, capsys) -> None:
+    gone = tmp_path / "fashion_mnist"
+    path = results_file(tmp_path, **{"dataset-path": str(gone)})
+    err = error_of([str(path), "--rounds", "1", "--out", str(tmp_path / "out")], capsys)
+    assert f"dataset-path={str(gone)!r} (recorded in" in err
+    assert "--set dataset-path=/path/to/fashion_mnist" in err
+    assert list((tmp_path / "out").iterdir()) == []  # no work, nothing left behind
+
+
+def test_only_input_locations_may_be_set(tmp_path: Path, capsys) -> None:
+    err = error_of([str(results_file(tmp_path)), "--set", "lr=0.1"], capsys)
+    assert "--set lr" in err and "dataset-path, init-model" in err
+
+
+def test_a_key_this_app_does_not_declare_is_refused(tmp_path: Path, capsys) -> None:
+    err = error_of([str(results_file(tmp_path, **{"learning-rate": 0.1}))], capsys)
+    assert "learning-rate" in err and "another version of the app" in err
+
+
+def test_the_replay_runs_the_recorded_config_in_fresh_folders(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    data = grey_dataset
+    path = results_file(tmp_path, **{
+        "dataset-path": "/nowhere/fashion_mnist", "state-dir": "/old/state",
+        "resume": "/old/run", "results-dir": "/old", "num-server-rounds": 7,
+    })  # fmt: skip
+    config, notes = replay_config(read_recording(path), {"dataset-path": str(data)},
+                                  tmp_path / "out", DECLARED)  # fmt: skip
+    assert config["num-server-rounds"] == 7  # not shortened: schedules depend on it
+    assert config["resume"] == ""
+    assert config["results-dir"] == str(tmp_path / "out" / "results")
+    assert config["state-dir"] == str(tmp_path / "out" / "state")
+    assert config["dataset-path"] == str(data.resolve())
+    assert any(n.startswith("lr is not recorded") for n in notes)
+
+
+# ------------------------------------------------------------- comparison
+def test_identical_rounds_have_no_difference() -> None:
+    rounds = [round_record(1), round_record(2, g=None, p=None)]
+    differences = compare_rounds(rounds, json.loads(json.dumps(rounds)), 2)
+    assert differences == [] and max_abs_diff(differences) == 0.0
+    line = summary_line(2, differences, 0.0, Path("/r/results.json"))
+    assert line == "replay: rounds=2 identical=true max_abs_diff=0 source=/r/results.json"
+
+
+def test_each_differing_field_is_named_with_its_round() -> None:
+    recorded = [round_record(1), round_record(2), round_record(3)]
+    replayed = [round_record(1), round_record(2, g=0.25), round_record(3)]
+    replayed[2]["client_accuracies"]["10"] = 0.5
+    replayed[2]["sampled_clients"] = [0, 2]
+    differences = compare_rounds(recorded, replayed, 3)
+    assert [(d.round, d.field) for d in differences] == [
+        (2, "global_accuracy"), (3, "client_accuracies[10]"), (3, "sampled_clients"),
+    ]  # fmt: skip
+    assert max_abs_diff(differences) == pytest.approx(0.25)
+    line = summary_line(3, differences, 0.25, Path("r.json"))
+    assert "identical=false max_abs_diff=0.25 differing_rounds=2,3 source=r.json" in line
+
+
+def test_a_round_evaluated_in_one_run_only_or_not_replayed_differs() -> None:
+    recorded = [round_record(1, g=None, p=None), round_record(2)]
+    replayed = [round_record(1)]
+    differences = compare_rounds(recorded, replayed, 2)
+    assert {(d.round, d.field) for d in differences} == {
+        (1, "global_accuracy"), (1, "personal_accuracy"), (1, "personal_accuracy_answered"),
+        (1, "client_accuracies"), (2, "round"),
+    }  # fmt: skip
+    assert max_abs_diff(differences) == 0.0  # nothing to subtract: the table says it
+    assert compare_rounds(recorded, replayed, 1)  # round 2 is not asked for, round 1 is
+
+
+def test_a_bit_level_difference_counts() -> None:
+    recorded, replayed = [round_record(1, g=0.1 + 0.2)], [round_record(1, g=0.3)]
+    [difference] = compare_rounds(recorded, replayed, 1)
+    assert difference.field == "global_accuracy" and 0 < difference.abs_diff < 1e-15
+
+
+# ------------------------------------------------------------------- e2e
+@pytest.mark.e2e
+def test_a_real_run_replays_identically_and_a_tampered_record_does_not(
+    grey_dataset: Path, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """FedReG (clients keep a private head and optimizers) on 4 clients for 3 rounds,
+    recorded by fedreg-experiment; its first 2 rounds, run again, are bit-identical. The
+    same replayed rounds against a copy whose round 2 global accuracy was changed: exit 1,
+    that round named."""
+    config = tiny_config(tmp_path, grey_dataset, algo="fedreg", rounds=3, seeds=1)
+    assert run_experiment([str(config), "--out", str(tmp_path / "runs")]) == 0
+    [source] = (tmp_path / "runs" / "tiny" / "fedreg" / "seed0").glob("*/results.json")
+    capsys.readouterr()
+    assert main([str(source), "--rounds", "2", "--out", str(tmp_path / "replay")]) == 0
+    printed = capsys.readouterr().out
+    assert f"replay: rounds=2 identical=true max_abs_diff=0 source={source}" in printed
+    [replayed] = (tmp_path / "replay").glob("replay-*/results/*/results.json")
+    rounds = json.loads(replayed.read_text())["rounds"]
+    assert json.loads(replayed.read_text())["config"]["num-server-rounds"] == 3
+    assert len(rounds) in (2, 3)  # stopped once round 2 was checkpointed
+
+    tampered = json.loads(source.read_text())
+    tampered["rounds"][1]["global_accuracy"] += 0.125
+    copy = tmp_path / "tampered" / "results.json"
+    copy.parent.mkdir()
+    copy.write_text(json.dumps(tampered))
+    # The same machinery again would replay the same rounds: reuse them (saves a run).
+    monkeypatch.setattr(replay, "run_until_round", lambda *_: (rounds, {"status": "running"}))
+    assert main([str(copy), "--rounds", "2", "--out", str(tmp_path / "again")]) == 1
+    printed = capsys.readouterr().out
+    assert "| 2 | global_accuracy |" in printed
+    assert "replay: rounds=2 identical=false max_abs_diff=0.125 differing_rounds=2 " in printed
+    assert printed.rstrip().endswith(f"source={copy.resolve()}")
+
+
+def test_recording_is_read_from_a_run_folder(tmp_path: Path) -> None:
+    path = results_file(tmp_path)
+    recording = read_recording(tmp_path)
+    assert isinstance(recording, Recording) and recording.path == path.resolve()
+    assert recording.num_clients == 4 and len(recording.rounds) == 3
