@@ -104,6 +104,9 @@ class ClientProcedure:
         #: Whether ``fit`` keeps its optimizer's momentum in the client's state: in a
         #: training message, not in the fine-tuning some algorithms run to evaluate.
         self.keep_optimizers = self.config.keeps_optimizers
+        #: Optimizers by (round, stream, parameters trained): a step split over several
+        #: ``fit`` calls (FedReG's interleaved epochs) continues one optimizer.
+        self.optimizers: dict[tuple[int, int, tuple[int, ...]], MomentumSGD] = {}
 
     def new_model(self, private_head: bool = False) -> SplitModel:
         """The run's model (``model``, ``head-depth``): seeded init, or ``init-model``."""
@@ -196,7 +199,7 @@ class ClientProcedure:
         continues from the client's previous rounds (see :meth:`kept_optimizer`)."""
         self.trained_numel.update((id(p), p.numel()) for p in trainable)
         model = self.model if model is None else model
-        optimizer = self.kept_optimizer(stream, model, trainable)
+        optimizer = self.kept_optimizer(server_round, stream, model, trainable)
         processed = train_epochs(
             model,
             trainable,
@@ -214,18 +217,32 @@ class ClientProcedure:
             device=self.device,
             optimizer=optimizer,
         )
-        if optimizer is not None:
+        if self.keep_optimizers:
             self.keep_optimizer(stream, model, optimizer)
         return processed
 
     def kept_optimizer(
+        self, server_round: int, stream: int, model: nn.Module, trainable: Sequence[nn.Parameter]
+    ) -> MomentumSGD:
+        """The stream's optimizer over ``trainable``, made once per round. Where
+        optimizers are kept across rounds its momentum buffers are restored from the
+        client's state (none yet on a client's first round); else (``optimizer-state =
+        fresh``, momentum 0, an evaluation) it starts empty."""
+        key = (server_round, stream, tuple(id(p) for p in trainable))
+        if key not in self.optimizers:
+            restored = (
+                self.stored_momentum(stream, model, trainable) if self.keep_optimizers else None
+            )
+            self.optimizers[key] = MomentumSGD(
+                trainable, self.config.lr, self.config.momentum, restored
+            )
+        return self.optimizers[key]
+
+    def stored_momentum(
         self, stream: int, model: nn.Module, trainable: Sequence[nn.Parameter]
-    ) -> MomentumSGD | None:
-        """The stream's optimizer over ``trainable``, its momentum buffers restored from
-        the client's state (none yet on a client's first round); None when optimizers are
-        not kept (``optimizer-state = fresh``, momentum 0, or an evaluation)."""
-        if not self.keep_optimizers:
-            return None
+    ) -> list[torch.Tensor | None]:
+        """The stream's momentum buffers for ``trainable`` from the client's state, by
+        parameter name (None where a parameter has none yet)."""
         stored = self.setup.state.get(optimizer_record(stream))
         buffers = from_record(stored) if stored is not None else {}
         names = parameter_names(model, trainable)
@@ -238,7 +255,7 @@ class ClientProcedure:
                     f"shape {buffer.shape}, the parameter {tuple(param.shape)}"
                 )
             restored.append(None if buffer is None else torch.tensor(buffer, device=self.device))
-        return MomentumSGD(trainable, self.config.lr, self.config.momentum, restored)
+        return restored
 
     def keep_optimizer(self, stream: int, model: nn.Module, optimizer: MomentumSGD) -> None:
         """Store the stream's momentum buffers by parameter name; buffers of parameters

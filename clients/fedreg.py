@@ -25,7 +25,7 @@ What the sources leave open, one switch each:
   generator of the round (client, round, step), so each epoch gets a new order and the
   e-th pass of a step the same order under either schedule; and each step keeps one
   optimizer over the round, with ``optimizer-state = fresh`` too
-  (:meth:`FedReGClient.kept_optimizer`).
+  (:meth:`ClientProcedure.kept_optimizer`).
 * ``fedreg-step1``: what step (1) updates. ``prose`` (default): base and head_p; head_g
   gets gradients but stays as received — the paper's §3.2 ("the optimizer updates the
   parameters of the Base and Head_P, while Head_G remains unchanged"; its Algorithm 1,
@@ -49,7 +49,6 @@ Ablations of the paper's Section 4.7 / Table 5, one switch each (defaults = FedR
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -71,7 +70,7 @@ from fedreg_app.data import TensorData
 from fedreg_app.models import BASE, HEAD_G, HEAD_P
 from fedreg_app.protocol import EFFECTIVE_EXAMPLES
 from fedreg_app.seeds import seed_int, torch_generator
-from fedreg_app.training import LossFn, MomentumSGD
+from fedreg_app.training import LossFn
 
 HEAD_WEIGHTS = ("effective", "original")
 SCHEDULES = ("interleaved", "sequential")
@@ -131,13 +130,10 @@ class FedReGClient(ClientProcedure):
         if not self.options.private_head:  # ablation (b)
             self.private_head, self.private_groups = False, ()
         super().__init__(setup)
-        #: With optimizers not kept across rounds: each step's optimizer of this round.
-        self.round_optimizers: dict[int, MomentumSGD] = {}
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)
         self.restore_private()
-        self.round_optimizers = {}
         steps = self.round_steps()
         epochs = self.config.local_epochs
         processed = 0
@@ -182,26 +178,6 @@ class FedReGClient(ClientProcedure):
         return torch_generator(
             self.config.seed, "shuffle", self.data.partition_id, server_round, stream
         )
-
-    def kept_optimizer(
-        self, stream: int, model: nn.Module, trainable: Sequence[nn.Parameter]
-    ) -> MomentumSGD | None:
-        """One optimizer per step for the whole round even where optimizers are not
-        kept across rounds (``optimizer-state = fresh``, momentum 0): the interleaved
-        schedule's passes of a step continue its momentum, as one optimizer over E epochs
-        would. (Kept across rounds, the client's state already carries it from pass to
-        pass.)"""
-        if self.keep_optimizers:
-            return super().kept_optimizer(stream, model, trainable)
-        if stream not in self.round_optimizers:
-            self.round_optimizers[stream] = MomentumSGD(
-                trainable, self.config.lr, self.config.momentum
-            )
-        return self.round_optimizers[stream]
-
-    def keep_optimizer(self, stream: int, model: nn.Module, optimizer: MomentumSGD) -> None:
-        if self.keep_optimizers:
-            super().keep_optimizer(stream, model, optimizer)
 
     def second_step_data(self) -> TensorData:
         return self.rebalanced().data if self.options.rebalance else self.data.train

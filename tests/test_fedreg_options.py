@@ -15,7 +15,7 @@ from flwr.app import RecordDict
 import clients.base
 import clients.rebalance as rebalance
 import fedreg_app.training as training
-from clients.base import ClientProcedure, ClientSetup, optimizer_record
+from clients.base import ClientSetup, optimizer_record
 from clients.fedreg import FedReGClient
 from clients.rebalance import (
     build_rebalanced,
@@ -24,41 +24,12 @@ from clients.rebalance import (
     partition_train_sizes,
 )
 from fedreg_app.config import ConfigError
-from fedreg_app.data import ClientData, DatasetInfo, PartitionKey, TensorData, client_splits
+from fedreg_app.data import PartitionKey, TensorData, client_splits
 from fedreg_app.models import BASE, HEAD_G, HEAD_P, build_model
 from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_PROCESSED
 from fedreg_app.records import from_record
 from fedreg_app.registry import load_config
-
-INFO = DatasetInfo(num_classes=4, channels=1, height=28, width=28)
-COUNTS = (40, 3, 0, 9)  # present 40, 3, 9: 52 samples in 3 classes
-
-
-def tensors(counts, seed: int) -> TensorData:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)]).long()
-    x = torch.randint(0, 256, (len(y), 1, 28, 28), generator=g, dtype=torch.uint8)
-    return TensorData(x=x, y=y)
-
-
-DATA = ClientData(7, tensors(COUNTS, 1), tensors((5, 5, 0, 5), 2))
-
-
-def make_setup(state: RecordDict | None = None, **config) -> ClientSetup:
-    run_config = load_config({"local-epochs": 1, "batch-size": 8, "head-depth": 2, **config})
-    return ClientSetup(run_config, INFO, DATA, RecordDict() if state is None else state)
-
-
-def global_arrays(seed: int = 0) -> dict[str, np.ndarray]:
-    return build_model(INFO, 2, seed).group_state(BASE, HEAD_G)
-
-
-def group(arrays: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
-    return {k: v for k, v in arrays.items() if k.startswith(name + ".")}
-
-
-def same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+from tests.test_clients import INFO, global_arrays, group, make_setup, same
 
 
 def everything(client: FedReGClient) -> dict[str, np.ndarray]:
@@ -68,9 +39,6 @@ def everything(client: FedReGClient) -> dict[str, np.ndarray]:
 class EarlierFedReG(FedReGClient):
     """The round as this project ran it before the options: E epochs of step 1, then E
     of step 2, each one ``fit`` call of the base class (its own optimizer handling)."""
-
-    kept_optimizer = ClientProcedure.kept_optimizer
-    keep_optimizer = ClientProcedure.keep_optimizer
 
     def train(self, global_arrays, server_round):
         self.load_global(global_arrays)
