@@ -55,7 +55,7 @@ ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
 RESUMABLE_CHANGES = frozenset(
     {"num-server-rounds", "resume", "results-dir", "eval-every", "global-eval", "reply-timeout",
-     "min-train-replies", "device", "dataset-path", "state-dir"}
+     "min-train-replies", "device", "dataset-path", "state-dir", "tensorboard"}
 )  # fmt: skip
 #: What the user can do about a checkpoint that cannot be trusted.
 REMEDY = "resume from another run folder, or start the run anew without resume"

@@ -143,6 +143,9 @@ class RunConfig:
     resume: str = ""
     min_train_replies: int = 1
     reply_timeout: float = 0.0
+    #: Also write each round's scalars as TensorBoard event files beside results.json
+    #: (needs the ``tensorboard`` extra).
+    tensorboard: bool = False
     #: The chosen algorithm's own keys (``prox-mu``, ``fedreg-head-weight``, ...).
     options: AlgorithmOptions = dataclasses.field(default_factory=AlgorithmOptions)
     #: Every key as given (other algorithms' keys too), for ``results.json``.

@@ -488,14 +488,18 @@ class DecodedPartitions:
 load_client_data = DecodedPartitions()
 
 
-def load_union_test_set(key: PartitionKey) -> TensorData:
-    """The global test set: the union of every client's test split (paper, Section 4.1).
-    Only the test splits are decoded: this is the ServerApp's copy."""
+def load_union_split(key: PartitionKey, split: str) -> TensorData:
+    """The union of every client's ``split`` ("train" or "test"), in partition order.
+    Only that split is decoded: this is a ServerApp's own copy."""
     channels = load_info(key).channels
-    parts = [
-        _to_tensors(client_splits(key, pid)["test"], channels) for pid in range(key.num_partitions)
-    ]
+    parts = [_to_tensors(client_splits(key, pid)[split], channels)
+             for pid in range(key.num_partitions)]  # fmt: skip
     return TensorData(x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]))
+
+
+def load_union_test_set(key: PartitionKey) -> TensorData:
+    """The global test set: the union of every client's test split (paper, Section 4.1)."""
+    return load_union_split(key, "test")
 
 
 def _read_info(path: Path) -> DatasetInfo:

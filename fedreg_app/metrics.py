@@ -13,6 +13,9 @@ on an error (``run.error``).
 Beside the all-client personal accuracy (the headline, as the sources evaluate every
 client), ``personal_accuracy_sampled`` is the same figure over the clients that have
 trained at least once so far (``clients_trained`` of them; see ``strategies/base.py``).
+
+With ``tensorboard = true`` the same rounds also go to TensorBoard event files in the run
+folder (``fedreg_app/tensorboard_log.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.persist import write_text_atomic
+from fedreg_app.tensorboard_log import TensorBoardLog
 
 CSV_COLUMNS = (
     "round",
@@ -130,21 +134,25 @@ class ResultsWriter:
         config: dict[str, Any],
         run: dict[str, Any],
         rounds: list[RoundRecord] | None = None,
+        tensorboard: bool = False,
     ) -> None:
         """A new run (no ``rounds``), or one continued with the rounds it keeps; ``run``
-        keeps its ``started`` time if it has one."""
+        keeps its ``started`` time if it has one. ``tensorboard``: also write each round's
+        scalars as TensorBoard event files in the folder (rewritten from ``rounds`` now)."""
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.config = config
         self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run, "status": RUNNING}
         self.run.pop("error", None)
         self.rounds: list[RoundRecord] = list(rounds or [])
+        self.events = TensorBoardLog(folder, self.rounds) if tensorboard else None
         self._write()
 
     @classmethod
     def resume(
-        cls, folder: Path, config: dict[str, Any], run: dict[str, Any], after_round: int
-    ) -> ResultsWriter:
+        cls, folder: Path, config: dict[str, Any], run: dict[str, Any], after_round: int,
+        tensorboard: bool = False,
+    ) -> ResultsWriter:  # fmt: skip
         """Continue a run folder: its rounds up to the checkpoint's are kept (a round
         written after the last checkpoint is dropped, to be run again)."""
         document = json.loads((folder / "results.json").read_text())
@@ -161,7 +169,7 @@ class ResultsWriter:
             "run_id": document["run"]["run_id"],  # the first run's id names the folder
         }  # fmt: skip
         kept = [RoundRecord(**r) for r in document["rounds"][:after_round]]
-        return cls(folder, config, continued, kept)
+        return cls(folder, config, continued, kept, tensorboard)
 
     @property
     def json_path(self) -> Path:
@@ -170,6 +178,8 @@ class ResultsWriter:
     def add(self, record: RoundRecord) -> None:
         self.rounds.append(record)
         self._write()
+        if self.events is not None:  # after results.json: the events never lead it
+            self.events.add(record)
 
     def finish(self, error: str | None = None) -> str:
         """Close the run: ``failed`` with the error, else ``degraded`` if any round was,
@@ -182,6 +192,8 @@ class ResultsWriter:
         self.run["status"] = status
         self.run["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         self._write()
+        if self.events is not None:
+            self.events.close()
         return status
 
     def summary(self) -> dict[str, Any]:

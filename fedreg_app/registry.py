@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clients.base import ClientProcedure
+from clients.centralised import CentralisedClient
 from clients.ditto import DittoClient, DittoOptions
 from clients.fedavg import FedAvgClient
 from clients.fedavg2rep import FedAvg2RepClient, FedAvg2RepOptions
@@ -25,8 +26,10 @@ from clients.fedrod import FedRoDClient
 from clients.fedseq import FedSeqAntiClient, FedSeqClient, FedSeqOptions
 from clients.gpfl import GPFLClient, GPFLOptions
 from clients.lg_fedavg import LGFedAvgClient
+from clients.local import LocalClient
 from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig
 from strategies.base import PersonalizedStrategy
+from strategies.centralised import CentralisedStrategy
 from strategies.ditto import DittoStrategy
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedavg2rep import FedAvg2RepStrategy
@@ -41,6 +44,7 @@ from strategies.fedrod import FedRoDStrategy
 from strategies.fedseq import FedSeqAntiStrategy, FedSeqStrategy
 from strategies.gpfl import GPFLStrategy
 from strategies.lg_fedavg import LGFedAvgStrategy
+from strategies.local import LocalStrategy
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ class Algorithm:
     summary: str
     #: The algorithm's own run-config keys, declared beside its code.
     options: type[AlgorithmOptions] = AlgorithmOptions
+    #: A reference point, not a federated algorithm (local, centralised training).
+    reference: bool = False
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -89,6 +95,12 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("fedseq-anti", FedSeqAntiStrategy, FedSeqAntiClient,
                   "base layers unfrozen output side first; head frozen; fine-tune at the end",
                   FedSeqOptions),
+        Algorithm("local", LocalStrategy, LocalClient,
+                  "reference: each client trains only on its own data, no communication",
+                  reference=True),
+        Algorithm("centralised", CentralisedStrategy, CentralisedClient,
+                  "reference: one model trained in the ServerApp on the union of the "
+                  "clients' train splits", reference=True),
     )
 }  # fmt: skip
 
@@ -98,6 +110,11 @@ CATALOG = {name: algorithm.options for name, algorithm in ALGORITHMS.items()}
 
 def algorithm_names() -> list[str]:
     return sorted(ALGORITHMS)
+
+
+def federated_algorithm_names() -> list[str]:
+    """The algorithms that train through clients and aggregate (all but the references)."""
+    return sorted(name for name, algorithm in ALGORITHMS.items() if not algorithm.reference)
 
 
 def get_algorithm(name: str) -> Algorithm:

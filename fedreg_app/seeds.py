@@ -13,6 +13,7 @@ are fixed constants (they keep the numbers of earlier versions of this project).
 | ``gpfl-init``   | 0x6F1   | -                           | GPFL's embedding and valve init        |
 | ``shuffle``     | -       | partition, round, step      | mini-batch order of a training step    |
 | ``rebalance``   | -       | partition                   | FedReG's augmentation of rare classes  |
+| ``central-shuffle``| 0xCE7 | round                   | centralised training's mini-batches |
 
 Outside this table, by design: the model's initialisation (``torch.manual_seed(seed)``,
 identical on every client and the server) and flwr-datasets' partitioners and
@@ -32,6 +33,7 @@ STREAMS: dict[str, tuple[int, ...]] = {
     "gpfl-init": (0x6F1,),
     "shuffle": (),
     "rebalance": (),
+    "central-shuffle": (0xCE7,),
 }
 
 

@@ -49,6 +49,7 @@ from fedreg_app.protocol import (
 )
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import get_algorithm, load_config
+from fedreg_app.tensorboard_log import require_tensorboard
 from fedreg_app.training import count_correct, select_device
 from strategies.base import PersonalizedStrategy
 
@@ -616,6 +617,8 @@ def check_federation(
 def start_run(grid: Grid, context: Context) -> RunSetup:
     """Validate, find the clients, load the data and the model, or the checkpoint."""
     config = load_config(context.run_config)  # fails fast on bad input
+    if config.tensorboard:
+        require_tensorboard()
     algorithm = get_algorithm(config.algo)
     strategy = algorithm.strategy(config)
     checkpoint, resumed_folder = None, None
@@ -627,7 +630,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
-    test_set = None if strategy.global_on_clients else load_union_test_set(key)
+    test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None
     federated_dataset.cache_clear()  # the ServerApp needs no more of the dataset than this
     model = initial_model(info, config).to(select_device(config.device))
     strategy.prepare_model(model)
@@ -637,16 +640,16 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         "num_clients": partitions.num_partitions,
         "num_classes": info.num_classes,
         "image_shape": [info.channels, info.height, info.width],
-        "global_evaluation": "clients" if test_set is None else "server",
+        "global_evaluation": strategy.global_evaluation,
     }
     if checkpoint is None:
         writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),
-                               run_info)  # fmt: skip
+                               run_info, tensorboard=config.tensorboard)  # fmt: skip
         strategy.state_key = writer.folder.name
         arrays, first_round = to_record(model.group_state(BASE, HEAD_G, EXTRA)), 1
     else:
         writer = ResultsWriter.resume(resumed_folder, config.to_run_config(), run_info,
-                                      checkpoint.round)  # fmt: skip
+                                      checkpoint.round, config.tensorboard)  # fmt: skip
         strategy.load_state_dict(checkpoint.strategy_arrays, checkpoint.strategy_state)
         if "trained_partitions" not in checkpoint.strategy_state:  # an earlier version's
             strategy.note_trained(trained_in(writer.rounds))

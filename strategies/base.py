@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from fedreg_app.config import RunConfig
+from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.models import BASE, HEAD_G, SplitModel, group_of
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.protocol import (
@@ -115,6 +115,9 @@ class PersonalizedStrategy(Strategy):
     #: the counts) or the ServerApp evaluates it on its own copy of the union test set
     #: (where sending the global model to every client would cost too much, LG-FedAvg).
     global_on_clients: bool = True
+    #: Whether the algorithm has a global model at all (local training has none: its
+    #: runs report no global accuracy).
+    has_global_model: bool = True
 
     def __init__(self, config: RunConfig) -> None:
         self.config = config
@@ -128,7 +131,14 @@ class PersonalizedStrategy(Strategy):
         #: Each partition's test-split size, as its evaluation replies gave it.
         self.test_sizes: dict[int, int] = {}
         if config.global_eval != "auto":
+            if not self.has_global_model:
+                raise ConfigError(
+                    f"global-eval={config.global_eval!r} is not allowed with "
+                    f"algo={config.algo!r}, which has no global model: expected 'auto'"
+                )
             self.global_on_clients = config.global_eval == "clients"
+        if not self.has_global_model:
+            self.global_on_clients = False
         #: Names the clients' on-disk state for this run (set by the ServerApp).
         self.state_key = ""
         #: Partitions whose training reply was accepted in some round so far (checkpointed).
@@ -361,6 +371,14 @@ class PersonalizedStrategy(Strategy):
             correct = sum(int(r[GLOBAL_CORRECT]) for r in results)
             summary["global-accuracy"] = correct / summary["num-test"]
         return MetricRecord(summary)
+
+    @property
+    def global_evaluation(self) -> str:
+        """Who evaluates the global model: "clients", "server" (the ServerApp, on its copy
+        of the union test set) or "none" (the algorithm has no global model)."""
+        if not self.has_global_model:
+            return "none"
+        return "clients" if self.global_on_clients else "server"
 
     def known_test_samples(self) -> int | None:
         """The size of the union test set, once every partition's split size is known."""

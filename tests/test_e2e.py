@@ -26,7 +26,7 @@ from fedreg_app.launcher import LocalSuperLink, descendants
 from fedreg_app.models import BASE, HEAD_G, build_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.records import to_record
-from fedreg_app.registry import algorithm_names, load_config
+from fedreg_app.registry import federated_algorithm_names, load_config
 from strategies.fedavg import FedAvgStrategy
 
 pytestmark = pytest.mark.e2e
@@ -70,7 +70,7 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("algo", algorithm_names())
+@pytest.mark.parametrize("algo", federated_algorithm_names())
 def test_every_algorithm_runs_in_simulation(
     superlink: LocalSuperLink, request: pytest.FixtureRequest, tmp_path: Path, algo: str
 ) -> None:
@@ -112,6 +112,37 @@ def test_every_algorithm_runs_in_simulation(
     assert csv_lines[0].startswith("round,global_accuracy,personal_accuracy")
     assert len(csv_lines) == 4
     check_costs(algo, rounds)
+
+
+@pytest.mark.parametrize("algo", ["local", "centralised"])
+def test_the_references_run_in_simulation(
+    superlink: LocalSuperLink, grey_dataset: Path, tmp_path: Path, algo: str
+) -> None:
+    """Local training: the sampled clients train and send no parameters, no global model.
+    Centralised training: the ServerApp trains on the union of the train splits (its own
+    copy of the data, in the ServerApp's process) and every client evaluates the model."""
+    results_dir = tmp_path / "results"
+    log = flwr_run(
+        superlink,
+        f"algo='{algo}' dataset-path='{grey_dataset}' results-dir='{results_dir}' "
+        "num-server-rounds=2 local-epochs=1 fraction-train=0.5 min-partition-size=5 seed=7",
+    )
+    assert "[round   2/2]" in log, log[-3000:]
+    results = results_of(results_dir)
+    assert results["run"]["status"] == "completed"
+    for record in results["rounds"]:
+        assert 0.0 <= record["personal_accuracy"] <= 1.0
+        assert len(record["client_accuracies"]) == 4 and record["num_train_examples"] > 0
+        assert record["train_bytes_from_clients"] == 0
+    if algo == "local":
+        assert results["best_global_accuracy"] is None
+        sampled = [r["sampled_clients"] for r in results["rounds"]]
+        assert sampled == expected_sampled_clients(7, 2)
+    else:
+        assert results["best_global_accuracy"] == max(
+            r["global_accuracy"] for r in results["rounds"]
+        )
+        assert all(r["sampled_clients"] == [] for r in results["rounds"])
 
 
 def model_bytes(algo: str, *groups: str) -> int:

@@ -12,7 +12,7 @@ from clients.base import ClientSetup
 from fedreg_app.data import ClientData, DatasetInfo, TensorData
 from fedreg_app.models import BASE, HEAD_P, initial_model
 from fedreg_app.protocol import NUM_TRAINED_PARAMS, PERSONAL_CORRECT
-from fedreg_app.registry import ALGORITHMS, algorithm_names, load_config
+from fedreg_app.registry import ALGORITHMS, federated_algorithm_names, load_config
 
 TEXT = DatasetInfo(num_classes=80, channels=1, height=1, width=12, modality="text")
 
@@ -23,7 +23,7 @@ def snippets(n: int, seed: int) -> TensorData:
     return TensorData(x=x, y=torch.randint(0, 5, (n,), generator=g))
 
 
-@pytest.mark.parametrize("algo", algorithm_names())
+@pytest.mark.parametrize("algo", federated_algorithm_names())
 def test_every_algorithm_trains_and_evaluates_the_char_lstm(algo: str) -> None:
     config = load_config({
         "algo": algo, "model": "charlstm", "head-depth": 1, "local-epochs": 1,

@@ -1,0 +1,132 @@
+"""The reference points on the same partition: local training and centralised training
+(issue 15, part 3), run through the real ServerApp and ClientApp in this process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedreg_app.checkpoint import Checkpoint
+from fedreg_app.config import ConfigError
+from fedreg_app.data import PartitionKey, load_union_split
+from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.registry import get_algorithm, load_config
+from tests.inprocess import results, run_server
+
+
+def reference_config(dataset: Path, tmp_path: Path, algo: str, **extra: Any) -> dict[str, Any]:
+    return {"algo": algo, "dataset-path": str(dataset), "local-epochs": 1,
+            "fraction-train": 0.5, "min-partition-size": 5, "alpha": 0.5, "seed": 3,
+            "num-server-rounds": 2, "results-dir": str(tmp_path / "results"),
+            "state-dir": str(tmp_path / "state"), **extra}  # fmt: skip
+
+
+def the_run(tmp_path: Path) -> dict[str, Any]:
+    return results(tmp_path / "results")
+
+
+def test_local_training_sends_no_parameters_and_reports_no_global_accuracy(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    grid, stopped = run_server(reference_config(grey_dataset, tmp_path, "local"))
+    assert stopped is None
+    document = the_run(tmp_path)
+    assert document["run"]["status"] == "completed"
+    assert document["run"]["global_evaluation"] == "none"
+    assert document["best_global_accuracy"] is None
+    for record in document["rounds"]:
+        assert record["global_accuracy"] is None
+        assert record["train_bytes_to_clients"] == 0 and record["bytes_from_clients"] == 0
+        assert record["personal_accuracy"] is not None and len(record["sampled_clients"]) == 2
+    assert any(phase == "train" for phase, _, _ in grid.delivered)
+
+
+def test_a_local_client_trains_its_own_model_only_when_sampled(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """A client never sampled keeps the seeded initial model (its accuracy is the same
+    in both rounds); a sampled client's model moved, and no two clients share one."""
+    run_server(reference_config(grey_dataset, tmp_path, "local"))
+    first, second = the_run(tmp_path)["rounds"]
+    never = set(range(4)) - set(first["sampled_clients"]) - set(second["sampled_clients"])
+    for pid in never:
+        assert first["client_accuracies"][str(pid)] == second["client_accuracies"][str(pid)]
+    states = sorted((tmp_path / "state").glob("runs/*/partition-*/round-*/base.npz"))
+    trained = {p.parts[-3] for p in states}
+    assert trained == {f"partition-{p}" for p in set(first["sampled_clients"])
+                       | set(second["sampled_clients"])}  # fmt: skip
+
+
+def test_local_training_refuses_a_global_evaluation(grey_dataset: Path, tmp_path: Path) -> None:
+    config = reference_config(grey_dataset, tmp_path, "local", **{"global-eval": "server"})
+    with pytest.raises(ConfigError, match="global-eval='server'.*algo='local'.*no global model"):
+        get_algorithm("local").strategy(load_config(config))
+
+
+def test_centralised_training_runs_in_the_server_on_the_union_of_train_splits(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """No client trains; each round processes every train sample local-epochs times;
+    the personal figure is the same model per client, so it equals the global one."""
+    grid, stopped = run_server(reference_config(grey_dataset, tmp_path, "centralised",
+                                                **{"local-epochs": 2}))  # fmt: skip
+    assert stopped is None
+    assert not [d for d in grid.delivered if d[0] == "train"]
+    document = the_run(tmp_path)
+    key = PartitionKey.from_config(load_config(document["config"]), 4)
+    union = len(load_union_split(key, "train"))
+    for record in document["rounds"]:
+        assert record["num_train_examples"] == 2 * union
+        assert record["sampled_clients"] == [] and record["train_bytes_to_clients"] == 0
+        assert record["global_accuracy"] == pytest.approx(record["personal_accuracy"])
+    assert document["run"]["status"] == "completed"
+
+
+def test_a_resumed_centralised_run_equals_an_uninterrupted_one(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """Stopped after round 1 (its checkpoint keeps the optimizer's momentum), resumed
+    in a fresh strategy: the same weights and figures as three rounds in one go."""
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    run_server(reference_config(grey_dataset, whole, "centralised", **{"num-server-rounds": 3}))
+    run_server(reference_config(grey_dataset, parts, "centralised", **{"num-server-rounds": 1}))
+    [folder] = list((parts / "results").glob("*/"))
+    checkpoint, _ = Checkpoint.load(folder)
+    assert any(k.startswith("momentum/") for k in checkpoint.strategy_arrays)
+    resumed = reference_config(grey_dataset, parts, "centralised",
+                               **{"num-server-rounds": 3, "resume": str(folder)})  # fmt: skip
+    _, stopped = run_server(resumed, run_id=2)
+    assert stopped is None
+    ours, theirs = (
+        Checkpoint.load(folder)[0],
+        Checkpoint.load(next((whole / "results").glob("*/")))[0],
+    )
+    for name in ours.model:
+        np.testing.assert_array_equal(ours.model[name], theirs.model[name])
+    accuracy = [[r["global_accuracy"] for r in the_run(p)["rounds"]] for p in (whole, parts)]
+    assert accuracy[0] == accuracy[1]
+
+
+def test_centralised_momentum_of_the_wrong_shape_is_refused(grey_dataset: Path) -> None:
+    config = load_config({"algo": "centralised", "dataset-path": str(grey_dataset)})
+    strategy = get_algorithm("centralised").strategy(config)
+    strategy.momentum = {"base.0.weight": np.zeros((1, 1), dtype=np.float32)}
+    params = [torch.nn.Parameter(torch.zeros(3, 3))]
+    with pytest.raises(ValueError, match="momentum of 'base.0.weight' has shape"):
+        strategy.restored_momentum(["base.0.weight"], params)
+
+
+def test_the_reference_algorithms_keep_what_they_should(grey_dataset: Path) -> None:
+    """Local keeps the whole model private (so its resume needs a state-dir); the
+    centralised client keeps nothing (its optimizer is the ServerApp's)."""
+    config = load_config({"algo": "local", "dataset-path": str(grey_dataset)})
+    local = get_algorithm("local").client
+    assert set(local.private_groups) == {BASE, HEAD_G} and local.shared_groups == ()
+    assert local.keeps_state(config)
+    assert not get_algorithm("centralised").client.keeps_state(config)
+    assert json.dumps(get_algorithm("local").strategy.group_weights) == "{}"
