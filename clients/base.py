@@ -295,6 +295,11 @@ class ClientProcedure:
     def cross_entropy(self, predict: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:
         return lambda x, y: F.cross_entropy(predict(x), y)
 
+    def aggregation_weights(self) -> dict[str, float | int]:
+        """The weight metrics this client's training replies carry, known before it
+        trains: central DP's fixed denominators are built from every client's."""
+        return {NUM_EXAMPLES: len(self.data.train)}
+
     def train_metrics(self, processed: int, **extra: float | int) -> dict[str, float | int]:
         return {
             NUM_EXAMPLES: len(self.data.train),

@@ -215,6 +215,9 @@ class FedReGClient(ClientProcedure):
         counts = self.data.train.class_counts(self.setup.info.num_classes)
         return class_threshold(counts, self.config.threshold, self.client_sizes())
 
+    def aggregation_weights(self) -> dict[str, float | int]:
+        return {**super().aggregation_weights(), EFFECTIVE_EXAMPLES: self.effective_samples()}
+
     def effective_samples(self) -> int:
         """e_k = sum_c min(n_c, t), with the rebalanced set's t; defined by t even when no
         rebalanced set is built."""

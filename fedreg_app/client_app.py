@@ -22,19 +22,23 @@ from fedreg_app.client_state import VersionedState
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
 from fedreg_app.models import initial_model
+from fedreg_app.privacy import privatise_locally
 from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
+    DP_REFERENCE,
     GLOBAL_ARRAYS,
     HANDLER_SECONDS,
     METRICS,
     NUM_PARTITIONS,
     PARTITION_ID,
+    QUERY,
     SERVER_ROUND,
     STATE_KEY,
     STATE_ON_DISK,
     STATE_RESETS,
+    WEIGHTS_QUERY,
     is_valid_state_key,
 )
 from fedreg_app.records import from_record, to_record
@@ -169,6 +173,9 @@ def query(msg: Message, context: Context) -> Message:
     on_disk = state_dir_of(node, run_config_of(context)) is not None
     facts = {PARTITION_ID: node.partition_id, NUM_PARTITIONS: node.num_partitions}
     metrics = MetricRecord({**facts, STATE_ON_DISK: int(on_disk)})
+    if QUERY in msg.content.config_records and msg.content[QUERY].get(WEIGHTS_QUERY):
+        setup = client_setup(context)  # central DP asks once for the weights
+        metrics.update(get_algorithm(setup.config.algo).client(setup).aggregation_weights())
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
 
@@ -212,8 +219,16 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
 
 
 def train_work(procedure: ClientProcedure, arrays: dict, server_round: int, msg: Message) -> tuple:
+    """Train; under local DP clip and noise the update before it leaves the client."""
     result = procedure.train(arrays, server_round)
-    return result.metrics, result.arrays
+    if procedure.config.dp_mode != "local":
+        return result.metrics, result.arrays
+    reference = dict(arrays)
+    if DP_REFERENCE in msg.content.array_records:
+        reference.update(from_record(msg.content[DP_REFERENCE]))
+    noisy = privatise_locally(result.arrays, reference, procedure.config,
+                              procedure.data.partition_id, server_round)  # fmt: skip
+    return result.metrics, noisy
 
 
 def evaluate_work(

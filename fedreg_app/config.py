@@ -29,6 +29,7 @@ THRESHOLD_STATISTICS = (*PER_CLIENT_THRESHOLDS, *(f"global-{s}" for s in PER_CLI
 AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 GLOBAL_EVALS = ("auto", "clients", "server")
+DP_MODES = ("off", "central", "local")
 OPTIMIZER_STATES = ("persistent", "fresh")
 HEAD_DEPTHS = (1, 2, 3)
 #: ``head-depth = "auto"``: the algorithm's ``default_head_depth``.
@@ -146,6 +147,15 @@ class RunConfig:
     #: Also write each round's scalars as TensorBoard event files beside results.json
     #: (needs the ``tensorboard`` extra).
     tensorboard: bool = False
+    #: Client-level differential privacy (``fedreg_app/privacy.py``): "off", "central"
+    #: (the server clips each update and noises the aggregate), "local" (each client
+    #: clips and noises its own update). The other ``dp-`` keys must be set when it is on.
+    dp_mode: str = "off"
+    dp_noise_multiplier: float = 0.0
+    dp_clip: float = 0.0
+    dp_delta: float = 0.0
+    #: Draw the noise from the run's seed (reproducible research) or from OS entropy.
+    dp_seeded_noise: bool = True
     #: The chosen algorithm's own keys (``prox-mu``, ``fedreg-head-weight``, ...).
     options: AlgorithmOptions = dataclasses.field(default_factory=AlgorithmOptions)
     #: Every key as given (other algorithms' keys too), for ``results.json``.
@@ -257,6 +267,7 @@ class RunConfig:
             _fail("momentum", self.momentum, "a number in [0, 1)")
         if self.optimizer_state not in OPTIMIZER_STATES:
             _fail("optimizer-state", self.optimizer_state, f"one of {', '.join(OPTIMIZER_STATES)}")
+        self.validate_privacy()
         if not self.dataset and not self.dataset_path:
             _fail("dataset", self.dataset, "a Hugging Face hub id, or set dataset-path")
         if self.dataset_path:
@@ -268,6 +279,26 @@ class RunConfig:
     def keeps_optimizers(self) -> bool:
         """Whether clients carry optimizer state (momentum buffers) between rounds."""
         return self.optimizer_state == "persistent" and self.momentum > 0
+
+    def validate_privacy(self) -> None:
+        """The ``dp-`` keys: never negative, and all set once ``dp-mode`` is on."""
+        if self.dp_mode not in DP_MODES:
+            _fail("dp-mode", self.dp_mode, f"one of {', '.join(DP_MODES)}")
+        on = self.dp_mode != "off"
+        when = f" with dp-mode={self.dp_mode!r}" if on else ""
+        if not (self.dp_noise_multiplier > 0 if on else self.dp_noise_multiplier >= 0):
+            _fail("dp-noise-multiplier", self.dp_noise_multiplier,
+                  f"a number > 0{when} (the noise std over the clipping bound)")  # fmt: skip
+        if not (self.dp_clip > 0 if on else self.dp_clip >= 0):
+            _fail("dp-clip", self.dp_clip, f"a number > 0{when} (L2 bound of a client update)")
+        if not (0 < self.dp_delta < 1 if on else 0 <= self.dp_delta < 1):
+            _fail("dp-delta", self.dp_delta,
+                  f"a probability in (0, 1){when}, e.g. 1e-5 (it has no default)")  # fmt: skip
+
+    @property
+    def private(self) -> bool:
+        """Whether client-level differential privacy is on."""
+        return self.dp_mode != "off"
 
     def is_eval_round(self, server_round: int) -> bool:
         """Evaluate every ``eval-every`` rounds and always after the last one."""

@@ -53,6 +53,7 @@ CSV_COLUMNS = (
     "personal_accuracy_answered",
     "personal_accuracy_sampled",
     "clients_trained",
+    "dp_epsilon",
 )
 COMPLETED, DEGRADED, FAILED, RUNNING = "completed", "degraded", "failed", "running"
 
@@ -110,6 +111,9 @@ class RoundRecord:
     personal_accuracy_sampled: float | None = None
     #: How many clients that is: those with an accepted training reply so far.
     clients_trained: int = 0
+    #: Differential privacy: ε spent up to this round at ``dp-delta`` (central: the
+    #: released model's; local: the client that released most); None with DP off.
+    dp_epsilon: float | None = None
 
     @property
     def degraded(self) -> bool:

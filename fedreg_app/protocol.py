@@ -14,12 +14,19 @@ ARRAYS = "arrays"
 #: Evaluation messages: the parts of the global model a client does not receive for its
 #: own use (e.g. FedPer's averaged head), so that it can evaluate the global model too.
 GLOBAL_ARRAYS = "global-arrays"
+#: Training messages under local DP: the global values of the aggregated groups the
+#: client is not sent for its own use, so it can compute (and noise) its whole update.
+DP_REFERENCE = "dp-reference"
 METRICS = "metrics"
 CONFIG = "config"
 
 # Message config, server -> client.
 SERVER_ROUND = "server-round"
 STATE_KEY = "state-key"  # names the clients' on-disk state of this run
+#: A query's config record, and its key asking a node for its aggregation weights
+#: (central DP's fixed denominators need every client's).
+QUERY = "query"
+WEIGHTS_QUERY = "aggregation-weights"
 
 # Node facts, client -> server (query replies) and node config keys.
 PARTITION_ID = "partition-id"

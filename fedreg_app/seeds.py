@@ -14,6 +14,8 @@ are fixed constants (they keep the numbers of earlier versions of this project).
 | ``shuffle``     | -       | partition, round, step      | mini-batch order of a training step    |
 | ``rebalance``   | -       | partition                   | FedReG's augmentation of rare classes  |
 | ``central-shuffle``| 0xCE7 | round                   | centralised training's mini-batches |
+| ``dp-noise``    | 0xD9    | round                       | central DP's noise on the aggregate    |
+| ``dp-local-noise``| 0xD10 | partition, round            | local DP's noise on a client's update  |
 
 Outside this table, by design: the model's initialisation (``torch.manual_seed(seed)``,
 identical on every client and the server) and flwr-datasets' partitioners and
@@ -34,6 +36,8 @@ STREAMS: dict[str, tuple[int, ...]] = {
     "shuffle": (),
     "rebalance": (),
     "central-shuffle": (0xCE7,),
+    "dp-noise": (0xD9,),
+    "dp-local-noise": (0xD10,),
 }
 
 

@@ -36,6 +36,7 @@ from fedreg_app.data import (
 from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
+from fedreg_app.privacy import require_accounting
 from fedreg_app.protocol import (
     COMPUTE_SECONDS,
     HANDLER_SECONDS,
@@ -44,14 +45,16 @@ from fedreg_app.protocol import (
     NUM_PROCESSED,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
+    QUERY,
     STATE_ON_DISK,
     STATE_RESETS,
+    WEIGHTS_QUERY,
 )
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.tensorboard_log import require_tensorboard
 from fedreg_app.training import count_correct, select_device
-from strategies.base import PersonalizedStrategy
+from strategies.base import PersonalizedStrategy, reply_metrics_problem
 
 DISCOVERY_TIMEOUT_S = 600.0
 
@@ -96,6 +99,33 @@ def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, NodeFacts]:
             continue
         answers[node] = facts
     return answers
+
+
+def query_weights(
+    grid: Grid, partitions: PartitionMap, strategy: PersonalizedStrategy
+) -> dict[int, dict[str, float]]:
+    """Central DP: every partition's aggregation weights, declared before the first round
+    (the fixed denominators need all of them; a reply later claiming others is refused)."""
+    needed = sorted(set(strategy.group_weights.values()))
+    config = ConfigRecord({WEIGHTS_QUERY: 1})
+    queries = [Message(RecordDict({QUERY: config}), message_type=MessageType.QUERY,
+                       dst_node_id=partitions.node_of(pid))
+               for pid in partitions.available()]  # fmt: skip
+    weights: dict[int, dict[str, float]] = {}
+    for reply in exchange(grid, queries, timeout=600):
+        if reply.has_error():
+            continue
+        metrics = reply.content[METRICS]
+        pid = int(metrics[PARTITION_ID])
+        if reply_metrics_problem(metrics, pid, needed) == "":
+            weights[pid] = {key: float(metrics[key]) for key in needed}
+    missing = sorted(set(range(partitions.num_partitions)) - set(weights))
+    if missing:
+        raise RunFailedError(
+            f"dp-mode='central': partitions {missing[:10]} did not declare their aggregation "
+            f"weights ({', '.join(needed)}); every client's are needed"
+        )
+    return weights
 
 
 def discover_partitions(
@@ -520,6 +550,7 @@ def round_record(
         personal_coverage=covered,
         personal_accuracy_sampled=sampled_accuracy(personal, strategy.trained_partitions),
         clients_trained=len(strategy.trained_partitions),
+        dp_epsilon=strategy.privacy_epsilon(),
         state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
     )
 
@@ -552,6 +583,8 @@ def round_line(record: RoundRecord, num_rounds: int) -> str:
         f" | global {pct(record.global_accuracy)} | personal {pct(record.personal_accuracy)}"
         f" | sampled {pct(record.personal_accuracy_sampled)} ({record.clients_trained} trained)"
     )
+    if record.dp_epsilon is not None:
+        line += f" | ε {record.dp_epsilon:.2f}"
     if record.degraded:
         line += (
             f" | DEGRADED: {record.train_failures} train / {record.eval_failures} eval "
@@ -619,6 +652,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     config = load_config(context.run_config)  # fails fast on bad input
     if config.tensorboard:
         require_tensorboard()
+    if config.private:
+        require_accounting()
     algorithm = get_algorithm(config.algo)
     strategy = algorithm.strategy(config)
     checkpoint, resumed_folder = None, None
@@ -628,6 +663,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     partitions, facts = discover_partitions(grid)
     strategy.set_partitions(partitions)
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
+    if config.dp_mode == "central":
+        strategy.set_population_weights(query_weights(grid, partitions, strategy))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None

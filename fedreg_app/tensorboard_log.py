@@ -44,6 +44,7 @@ SCALARS = {
     "clients/train_failures": "train_failures",
     "clients/eval_failures": "eval_failures",
     "clients/trained": "clients_trained",
+    "privacy/epsilon": "dp_epsilon",
 }
 
 

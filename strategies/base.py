@@ -34,10 +34,19 @@ from torch import nn
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.models import BASE, HEAD_G, SplitModel, group_of
 from fedreg_app.partition_map import PartitionMap
+from fedreg_app.privacy import (
+    central_release,
+    local_epsilon,
+    noise_generator,
+    noise_std,
+    population_denominators,
+    sum_epsilon,
+)
 from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
+    DP_REFERENCE,
     GLOBAL_ARRAYS,
     GLOBAL_CORRECT,
     HANDLER_SECONDS,
@@ -139,10 +148,58 @@ class PersonalizedStrategy(Strategy):
             self.global_on_clients = config.global_eval == "clients"
         if not self.has_global_model:
             self.global_on_clients = False
+        self.check_privacy_allowed()
+        #: Central DP: each partition's declared aggregation weights, the weight scales
+        #: and the fixed denominators derived from them (``set_population_weights``).
+        self.population_weights: dict[int, dict[str, float]] = {}
+        self.dp_scales: dict[str, float] = {}
+        self.dp_denominators: dict[str, float] = {}
+        #: Privacy ledger (checkpointed): central, (clients sampled, clients available) of
+        #: each round that released an update; local, each partition's releases.
+        self.dp_releases: list[tuple[int, int]] = []
+        self.dp_local_releases: dict[int, int] = {}
         #: Names the clients' on-disk state for this run (set by the ServerApp).
         self.state_key = ""
         #: Partitions whose training reply was accepted in some round so far (checkpointed).
         self.trained_partitions: set[int] = set()
+
+    # -------------------------------------------------------------- privacy
+    def check_privacy_allowed(self) -> None:
+        """DP needs updates to privatise, and central DP an averaging server."""
+        mode, algo = self.config.dp_mode, self.config.algo
+        if mode == "off":
+            return
+        if not self.group_weights:
+            raise ConfigError(
+                f"dp-mode={mode!r} is not allowed with algo={algo!r}: no client update "
+                "reaches the server; expected 'off'"
+            )
+        if mode == "central" and type(self).aggregate_updates is not (
+            PersonalizedStrategy.aggregate_updates
+        ):
+            raise ConfigError(
+                f"dp-mode='central' is not allowed with algo={algo!r}: its server does more "
+                "than average the updates (e.g. FedDyn's correction h); expected 'off' or "
+                "'local'"
+            )
+
+    def set_population_weights(self, weights: Mapping[int, Mapping[str, float]]) -> None:
+        """Central DP: every partition's aggregation weights, as the clients declared
+        them before the first round (see ``fedreg_app/privacy.py``)."""
+        self.population_weights = {int(p): dict(w) for p, w in weights.items()}
+        self.dp_scales, self.dp_denominators = population_denominators(
+            self.population_weights, self.group_weights, self.clients_per_round()
+        )
+
+    def privacy_epsilon(self) -> float | None:
+        """ε spent so far at ``dp-delta`` (None with DP off)."""
+        config = self.config
+        if config.dp_mode == "central":
+            return sum_epsilon(self.dp_releases, config)
+        if config.dp_mode == "local":
+            most = max(self.dp_local_releases.values(), default=0)
+            return local_epsilon(config.dp_noise_multiplier, most, config.dp_delta)
+        return None
 
     # -------------------------------------------------------------- clients
     def set_partitions(self, partitions: PartitionMap) -> None:
@@ -197,10 +254,14 @@ class PersonalizedStrategy(Strategy):
         """What a checkpoint must hold to continue exactly: arrays, and JSON-able state
         (here the sampling generator's, so a resumed run samples the same clients, and the
         clients that have trained, so it reports the same sampled personal accuracy)."""
-        return {}, {
+        state: dict[str, Any] = {
             "sampling_rng": self.sampling_rng.bit_generator.state,
             "trained_partitions": sorted(self.trained_partitions),
         }
+        if self.config.private:
+            state["dp_releases"] = [list(r) for r in self.dp_releases]
+            state["dp_local_releases"] = {str(p): n for p, n in self.dp_local_releases.items()}
+        return {}, state
 
     def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
         """Checkpoints of earlier versions lack ``trained_partitions``: the set is left as
@@ -208,6 +269,9 @@ class PersonalizedStrategy(Strategy):
         self.sampling_rng.bit_generator.state = state["sampling_rng"]
         if "trained_partitions" in state:
             self.trained_partitions = {int(p) for p in state["trained_partitions"]}
+        self.dp_releases = [(int(k), int(n)) for k, n in state.get("dp_releases", [])]
+        local = state.get("dp_local_releases", {})
+        self.dp_local_releases = {int(p): int(n) for p, n in local.items()}
 
     def _messages(
         self, partitions: Iterable[int], record: RecordDict, message_type: str
@@ -262,7 +326,15 @@ class PersonalizedStrategy(Strategy):
         config[SERVER_ROUND] = server_round
         config[STATE_KEY] = self.state_key
         record = RecordDict({ARRAYS: to_record(sent), CONFIG: config})
-        return self._messages(self.last_sampled, record, MessageType.TRAIN)
+        if self.config.dp_mode == "local":  # each client needs its whole update's reference
+            reference = self.expected_reply_arrays(server_round)
+            record[DP_REFERENCE] = to_record({k: v for k, v in reference.items() if k not in sent})
+        messages = self._messages(self.last_sampled, record, MessageType.TRAIN)
+        if self.config.dp_mode == "local":  # counted as sent: a reply is a release
+            for msg in messages:
+                pid = self.partitions.partition_of(msg.metadata.dst_node_id)
+                self.dp_local_releases[pid] = self.dp_local_releases.get(pid, 0) + 1
+        return messages
 
     def expected_reply_arrays(self, server_round: int) -> dict[str, np.ndarray]:
         """The arrays (names, shapes, dtypes) a training reply must carry: the global
@@ -281,6 +353,11 @@ class PersonalizedStrategy(Strategy):
         )
         if problem:
             return problem
+        declared = self.population_weights.get(partition_id)
+        if declared is not None:  # central DP: the weights the denominators were built on
+            for key in set(self.group_weights.values()):
+                if metrics[key] != declared.get(key):
+                    return f"metric {key}={metrics[key]!r}, declared {declared.get(key)!r}"
         return arrays_problem(from_record(msg.content[ARRAYS]),
                               self.expected_reply_arrays(server_round))  # fmt: skip
 
@@ -315,8 +392,20 @@ class PersonalizedStrategy(Strategy):
         return to_record(merged), metrics
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
-        """New values of the aggregated groups; override for non-averaging servers."""
-        return weighted_average_by_group(updates, self.group_weights)
+        """New values of the aggregated groups; override for non-averaging servers. Under
+        central DP: the fixed-denominator noisy average of the clipped updates."""
+        if self.config.dp_mode != "central":
+            return weighted_average_by_group(updates, self.group_weights)
+        if not self.dp_denominators:
+            raise RuntimeError("dp-mode='central' needs set_population_weights first")
+        released = central_release(
+            self._current, updates, self.group_weights, self.dp_scales, self.dp_denominators,
+            noise_std(self.config), self.config.dp_clip,
+            noise_generator(self.config, "dp-noise", server_round),
+        )  # fmt: skip
+        sampled_from = max(len(self.partitions.available()), len(self.last_sampled))
+        self.dp_releases.append((len(self.last_sampled), sampled_from))
+        return released
 
     # ---------------------------------------------------------- evaluation
     def configure_evaluate(

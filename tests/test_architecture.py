@@ -14,7 +14,7 @@ LOWER_FLOOR = {
     "fedreg_app.persist", "fedreg_app.protocol", "fedreg_app.records", "fedreg_app.metrics",
     "fedreg_app.checkpoint", "fedreg_app.partitioners", "fedreg_app.partition_map",
     "fedreg_app.seeds", "fedreg_app.client_state", "fedreg_app.overrides",
-    "fedreg_app.convert", "fedreg_app.tensorboard_log",
+    "fedreg_app.convert", "fedreg_app.tensorboard_log", "fedreg_app.privacy",
 }  # fmt: skip
 
 

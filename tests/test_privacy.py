@@ -1,0 +1,255 @@
+"""Client-level differential privacy (issue 15, part 2): clipping bounds respected, the
+private head untouched by noise, the noise scale of the formula, FedReG's two weights kept
+through the fixed-denominator estimator, ε monotone in rounds and equal to Flower's own
+accountant, and bad settings refused before any work."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedreg_app.config import ConfigError
+from fedreg_app.privacy import (
+    central_epsilon,
+    central_release,
+    clipped,
+    local_epsilon,
+    population_denominators,
+    privatise_locally,
+    update_norm,
+)
+from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
+from fedreg_app.registry import get_algorithm, load_config
+from tests.inprocess import results, run_server
+
+pytest.importorskip("dp_accounting")
+
+FEDREG_WEIGHTS = {"base": NUM_EXAMPLES, "head_g": EFFECTIVE_EXAMPLES}
+
+
+def private(**extra: Any) -> dict[str, Any]:
+    return {"dp-mode": "central", "dp-noise-multiplier": 1.0, "dp-clip": 1.0,
+            "dp-delta": 1e-5, **extra}  # fmt: skip
+
+
+# ------------------------------------------------------------------ clipping and noise
+def test_an_update_is_clipped_jointly_over_its_groups() -> None:
+    update = {"base.w": np.full(4, 3.0), "head_g.w": np.full(1, 4.0)}  # norm sqrt(36+16)
+    out = clipped(update, 1.0)
+    assert update_norm(out) == pytest.approx(1.0)
+    ratio = out["base.w"][0] / out["head_g.w"][0]
+    assert ratio == pytest.approx(3.0 / 4.0)  # one scale for every group
+    small = {"base.w": np.full(4, 0.1)}
+    np.testing.assert_array_equal(clipped(small, 1.0)["base.w"], small["base.w"])
+
+
+def test_the_central_noise_has_the_formulas_scale_on_each_group() -> None:
+    """No client moved: what is released is noise only, of std 2 z C / D^g per group."""
+    current = {"base.w": np.zeros(200_000, np.float32), "head_g.w": np.zeros(200_000, np.float32)}
+    population = {p: {NUM_EXAMPLES: 100 + 50 * p, EFFECTIVE_EXAMPLES: 40 + 5 * p}
+                  for p in range(8)}  # fmt: skip
+    scales, denominators = population_denominators(population, FEDREG_WEIGHTS, 2)
+    updates = [(current, population[0]), (current, population[3])]
+    z, clip = 0.7, 2.0
+    out = central_release(current, updates, FEDREG_WEIGHTS, scales, denominators,
+                          2 * z * clip, clip, np.random.default_rng(0))  # fmt: skip
+    for key, group in (("base.w", "base"), ("head_g.w", "head_g")):
+        expected = 2 * z * clip / denominators[group]
+        assert float(np.std(out[key])) == pytest.approx(expected, rel=0.01)
+    # D^g = (K / N) * sum_j m_j / max_j m_j
+    assert denominators["base"] == pytest.approx(2 / 8 * sum(100 + 50 * p for p in range(8)) / 450)
+
+
+def test_fedregs_two_weights_survive_the_private_average() -> None:
+    """With negligible noise, each group is Σ w_k Δ_k / D^g with its own weights: the base
+    by |D_k|, the global head by e_k, as FedReG aggregates them."""
+    current = {"base.w": np.zeros(3, np.float32), "head_g.w": np.zeros(2, np.float32)}
+    population = {0: {NUM_EXAMPLES: 300, EFFECTIVE_EXAMPLES: 30},
+                  1: {NUM_EXAMPLES: 100, EFFECTIVE_EXAMPLES: 90}}  # fmt: skip
+    scales, denominators = population_denominators(population, FEDREG_WEIGHTS, 2)
+    moved = [({"base.w": np.full(3, 0.1 * (k + 1), np.float32),
+               "head_g.w": np.full(2, 0.1 * (k + 1), np.float32)}, population[k])
+             for k in (0, 1)]  # fmt: skip
+    out = central_release(current, moved, FEDREG_WEIGHTS, scales, denominators, 1e-12, 10.0,
+                          np.random.default_rng(0))  # fmt: skip
+    base = (300 / 300 * 0.1 + 100 / 300 * 0.2) / (1 + 1 / 3)
+    head = (30 / 90 * 0.1 + 90 / 90 * 0.2) / (1 / 3 + 1)
+    np.testing.assert_allclose(out["base.w"], base, rtol=1e-6)
+    np.testing.assert_allclose(out["head_g.w"], head, rtol=1e-6)
+    # Without noise and with every client sampled this is FedReG's own weighted average.
+    assert base == pytest.approx((300 * 0.1 + 100 * 0.2) / 400)
+    assert head == pytest.approx((30 * 0.1 + 90 * 0.2) / 120)
+
+
+def test_local_privatisation_clips_then_noises_around_the_reference() -> None:
+    config = load_config(
+        {"algo": "fedavg", **private(**{"dp-mode": "local", "dp-noise-multiplier": 1e-9})}
+    )
+    reference = {"base.w": np.zeros(10, np.float32)}
+    sent = {"base.w": np.full(10, 5.0, np.float32)}
+    out = privatise_locally(sent, reference, config, partition_id=3, server_round=2)
+    assert out["base.w"].dtype == np.float32
+    assert update_norm({"base.w": out["base.w"] - reference["base.w"]}) == pytest.approx(1.0)
+    again = privatise_locally(sent, reference, config, partition_id=3, server_round=2)
+    np.testing.assert_array_equal(out["base.w"], again["base.w"])  # seeded from the run
+    with pytest.raises(KeyError, match="no reference"):
+        privatise_locally(sent, {}, config, 3, 2)
+
+
+# ------------------------------------------------------------------ accounting
+def test_epsilon_grows_with_rounds_and_equals_flowers_accountant() -> None:
+    eps = [central_epsilon(1.0, [(5, 20)] * r, 1e-5) for r in range(0, 12)]
+    assert eps[0] == 0.0 and all(a < b for a, b in zip(eps, eps[1:], strict=False))
+    from flwr.supercore.privacy_accounting import (
+        GaussianPrivacyEvent,
+        NeighboringRelation,
+        PrivacyConfig,
+        SamplingMethod,
+    )
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    flower = RdpAccountant(PrivacyConfig(1e-5, 20, NeighboringRelation.REPLACE_ONE,
+                                         SamplingMethod.WITHOUT_REPLACEMENT))  # fmt: skip
+    flower.compose(GaussianPrivacyEvent(1.0, 5, 20), 10)
+    assert eps[10] == pytest.approx(flower.get_epsilon(1e-5), rel=1e-9)
+    local = [local_epsilon(2.0, r, 1e-5) for r in range(1, 6)]
+    assert all(a < b for a, b in zip(local, local[1:], strict=False))
+    # Sampling amplifies: the same rounds cost less when only some clients are drawn.
+    assert central_epsilon(1.0, [(5, 20)] * 3, 1e-5) < central_epsilon(1.0, [(20, 20)] * 3, 1e-5)
+
+
+# ------------------------------------------------------------------ bad settings
+@pytest.mark.parametrize(
+    ("settings", "key"),
+    [
+        ({"dp-noise-multiplier": -1.0}, "dp-noise-multiplier"),
+        ({"dp-noise-multiplier": 0.0}, "dp-noise-multiplier"),
+        ({"dp-clip": 0.0}, "dp-clip"),
+        ({"dp-delta": 0.0}, "dp-delta"),
+        ({"dp-delta": 1.0}, "dp-delta"),
+        ({"dp-mode": "global"}, "dp-mode"),
+    ],
+)
+def test_bad_privacy_settings_name_the_key(settings: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{key}=.* is not allowed: expected"):
+        load_config({"algo": "fedreg", **private(**settings)})
+
+
+def test_negative_noise_is_refused_even_with_privacy_off() -> None:
+    with pytest.raises(ConfigError, match="dp-noise-multiplier=-0.5"):
+        load_config({"dp-noise-multiplier": -0.5})
+
+
+@pytest.mark.parametrize(("algo", "mode"), [("local", "central"), ("centralised", "local"),
+                                             ("feddyn", "central")])  # fmt: skip
+def test_algorithms_privacy_cannot_cover_are_refused(algo: str, mode: str) -> None:
+    config = load_config({"algo": algo, **private(**{"dp-mode": mode})})
+    with pytest.raises(ConfigError, match=f"dp-mode='{mode}' is not allowed with algo='{algo}'"):
+        get_algorithm(algo).strategy(config)
+
+
+# ------------------------------------------------------------------ through the app
+def federated(dataset: Path, where: Path, **extra: Any) -> dict[str, Any]:
+    return {"algo": "fedreg", "dataset-path": str(dataset), "local-epochs": 1,
+            "fraction-train": 0.5, "min-partition-size": 5, "alpha": 0.5, "seed": 2,
+            "num-server-rounds": 2, "results-dir": str(where / "results"),
+            "state-dir": str(where / "state"), **extra}  # fmt: skip
+
+
+def head_p_of_round(where: Path, server_round: int) -> dict[str, np.ndarray]:
+    from fedreg_app.persist import load_checked_arrays
+
+    found = sorted(
+        (where / "state").glob(f"runs/*/partition-*/round-{server_round:06d}/head_p.npz")
+    )
+    return {str(path.relative_to(where / "state").parts[2]): load_checked_arrays(path)
+            for path in found}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["central", "local"])
+def test_a_private_fedreg_run_noises_the_shared_parts_not_the_private_head(
+    grey_dataset: Path, tmp_path: Path, mode: str
+) -> None:
+    """Round 1 of FedReG with and without DP: the clients' private heads after training
+    are identical (no noise reaches them), the global base differs (it was noised), and
+    ε is in every round record and grows."""
+    plain, noisy = tmp_path / "plain", tmp_path / "noisy"
+    assert run_server(federated(grey_dataset, plain))[1] is None
+    settings = private(**{"dp-mode": mode, "dp-noise-multiplier": 0.01})  # a model survives
+    _, stopped = run_server(federated(grey_dataset, noisy, **settings))
+    assert stopped is None
+    heads_plain, heads_noisy = head_p_of_round(plain, 1), head_p_of_round(noisy, 1)
+    assert heads_plain and heads_plain.keys() == heads_noisy.keys()
+    for partition, arrays in heads_plain.items():
+        for name, value in arrays.items():
+            np.testing.assert_array_equal(value, heads_noisy[partition][name])
+    document = results(noisy / "results")
+    eps = [r["dp_epsilon"] for r in document["rounds"]]
+    assert 0 < eps[0] < eps[1] and all(math.isfinite(e) for e in eps)
+    assert results(plain / "results")["rounds"][0]["dp_epsilon"] is None
+    from fedreg_app.checkpoint import Checkpoint
+
+    models = [Checkpoint.load(next((w / "results").glob("*/")))[0].model for w in (plain, noisy)]
+    assert not np.array_equal(models[0]["base.0.weight"], models[1]["base.0.weight"])
+
+
+def test_a_reply_claiming_other_weights_than_declared_is_rejected(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """Central DP builds its denominators on the weights each client declared; a reply
+    inflating its weight (it would break the sensitivity bound) does not count."""
+    from flwr.app import Message, MetricRecord, RecordDict
+
+    from fedreg_app.protocol import ARRAYS, METRICS
+
+    def inflate(msg: Message, honest: Message | None) -> Message:
+        metrics = dict(honest.content[METRICS])
+        metrics[NUM_EXAMPLES] = int(metrics[NUM_EXAMPLES]) * 100
+        content = RecordDict({ARRAYS: honest.content[ARRAYS], METRICS: MetricRecord(metrics)})
+        return Message(content, reply_to=msg)
+
+    config = federated(grey_dataset, tmp_path, **private(**{"num-server-rounds": 1}))
+    [first, *others] = first_round_sample(seed=2)
+    _, stopped = run_server(config, faults={("train", 1, first): inflate})
+    assert stopped is None
+    [record] = results(tmp_path / "results")["rounds"]
+    assert record["train_failures"] == 1 and record["train_replies"] == len(others)
+    [error] = record["errors"]
+    assert error["partitions"] == [first] and "declared" in error["error"]
+
+
+def first_round_sample(seed: int) -> list[int]:
+    from fedreg_app.partition_map import PartitionMap
+    from strategies.fedavg import FedAvgStrategy
+
+    strategy = FedAvgStrategy(load_config({"seed": seed, "fraction-train": 0.5}))
+    strategy.set_partitions(PartitionMap(4, {p: p for p in range(4)}))
+    return strategy.sample_partitions(1)
+
+
+def test_a_killed_and_resumed_private_run_equals_an_uninterrupted_one(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """The privacy ledger and the seeded noise come back with the checkpoint: ε and the
+    model of a run killed in round 3 and resumed equal those of a run never stopped."""
+    from fedreg_app.checkpoint import Checkpoint
+    from tests.inprocess import ServerKilled
+
+    settings = private(**{"dp-noise-multiplier": 0.01, "num-server-rounds": 3})
+    _, stopped = run_server(federated(grey_dataset, tmp_path / "a", **settings),
+                            kill_after=("train", 3, 1))  # fmt: skip
+    assert isinstance(stopped, ServerKilled)
+    [folder] = list((tmp_path / "a" / "results").glob("*/"))
+    resumed = federated(grey_dataset, tmp_path / "a", **settings, resume=str(folder))
+    assert run_server(resumed, run_id=2)[1] is None
+    assert run_server(federated(grey_dataset, tmp_path / "b", **settings))[1] is None
+    [whole] = list((tmp_path / "b" / "results").glob("*/"))
+    eps = [[r["dp_epsilon"] for r in results(w.parent)["rounds"]] for w in (folder, whole)]
+    assert eps[0] == eps[1] and len(eps[0]) == 3
+    ours, theirs = Checkpoint.load(folder)[0].model, Checkpoint.load(whole)[0].model
+    for name, value in theirs.items():
+        np.testing.assert_array_equal(ours[name], value)
