@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +15,7 @@ from logging import INFO
 from pathlib import Path
 
 import torch
-from flwr.app import Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
@@ -30,10 +32,13 @@ from fedreg_app.protocol import (
     DP_REFERENCE,
     GLOBAL_ARRAYS,
     HANDLER_SECONDS,
+    HOST,
+    HOSTNAME,
     METRICS,
     NUM_PARTITIONS,
     PARTITION_ID,
     QUERY,
+    RAY_NODE,
     SERVER_ROUND,
     STATE_KEY,
     STATE_ON_DISK,
@@ -189,10 +194,22 @@ def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, di
 def reply(
     msg: Message, procedure: ClientProcedure, metrics: dict, seconds: dict, **records
 ) -> Message:
-    """A reply with the metrics (tagged with the partition and the time spent) and any
-    further records."""
+    """A reply with the metrics (tagged with the partition and the time spent), where it
+    ran, and any further records."""
     tagged = MetricRecord({**metrics, **seconds, PARTITION_ID: procedure.data.partition_id})
-    return Message(RecordDict({**records, METRICS: tagged}), reply_to=msg)
+    content = RecordDict({**records, METRICS: tagged, HOST: ConfigRecord(where_running())})
+    return Message(content, reply_to=msg)
+
+
+@functools.cache
+def where_running() -> dict[str, str]:
+    """This process's host name and, inside a Ray worker (a simulation's client actor),
+    its Ray node id: on a multi-node Ray cluster, which machine ran the client."""
+    where = {HOSTNAME: socket.gethostname()}
+    ray = sys.modules.get("ray")  # imported by the simulation's actors, never here
+    if ray is not None and ray.is_initialized():
+        where[RAY_NODE] = ray.get_runtime_context().get_node_id()
+    return where
 
 
 def timings(received: float, computed: float) -> dict[str, float]:

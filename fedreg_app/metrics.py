@@ -114,6 +114,9 @@ class RoundRecord:
     #: Differential privacy: ε spent up to this round at ``dp-delta`` (central: the
     #: released model's; local: the client that released most); None with DP off.
     dp_epsilon: float | None = None
+    #: Where each client that trained this round ran: partition -> {"hostname", and in a
+    #: simulation "ray-node"} (a Ray cluster run shows its spread over the nodes).
+    client_hosts: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def degraded(self) -> bool:

@@ -19,6 +19,11 @@ GLOBAL_ARRAYS = "global-arrays"
 DP_REFERENCE = "dp-reference"
 METRICS = "metrics"
 CONFIG = "config"
+#: Replies: where the client ran (config record: ``hostname``, and ``ray-node``, the Ray
+#: node id, in a simulation), so a cluster run can show its clients were spread.
+HOST = "host"
+HOSTNAME = "hostname"
+RAY_NODE = "ray-node"
 
 # Message config, server -> client.
 SERVER_ROUND = "server-round"

@@ -40,6 +40,7 @@ from fedreg_app.privacy import require_accounting
 from fedreg_app.protocol import (
     COMPUTE_SECONDS,
     HANDLER_SECONDS,
+    HOST,
     METRICS,
     NUM_PARTITIONS,
     NUM_PROCESSED,
@@ -551,8 +552,21 @@ def round_record(
         personal_accuracy_sampled=sampled_accuracy(personal, strategy.trained_partitions),
         clients_trained=len(strategy.trained_partitions),
         dp_epsilon=strategy.privacy_epsilon(),
+        client_hosts=client_hosts(training.accepted),
         state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
     )
+
+
+def client_hosts(replies: Iterable[Message]) -> dict[str, dict[str, str]]:
+    """Where each reply's client ran, by partition (what it said; only text is kept)."""
+    hosts = {}
+    for reply in replies:
+        if HOST in reply.content.config_records:
+            said = reply.content[HOST]
+            hosts[str(int(reply.content[METRICS][PARTITION_ID]))] = {
+                key: str(value)[:200] for key, value in said.items() if isinstance(value, str)
+            }
+    return dict(sorted(hosts.items(), key=lambda item: int(item[0])))
 
 
 def sampled_accuracy(personal: dict[str, Any], trained: set[int]) -> float | None:

@@ -64,13 +64,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run the loopback deployment tests (SuperLink + SuperNodes; ~20 min)",
     )
+    parser.addoption(
+        "--ray-cluster",
+        action="store_true",
+        help="also run the two-node Ray cluster test (starts Ray nodes; ~1 min)",
+    )
+
+
+#: Opt-in markers: (marker, option that enables it, why it is skipped otherwise).
+OPT_IN = (
+    ("deployment", "--deployment", "loopback deployment test: run with --deployment"),
+    ("ray_cluster", "--ray-cluster", "starts a Ray cluster of its own: run with --ray-cluster"),
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deployment tests run only when asked for: they take longer than CI allows."""
-    if config.getoption("--deployment"):
-        return
-    skip = pytest.mark.skip(reason="loopback deployment test: run with --deployment")
-    for item in items:
-        if "deployment" in item.keywords:
-            item.add_marker(skip)
+    """Opt-in tests run only when asked for: they take longer than CI allows, or start
+    machine-wide services."""
+    for marker, option, reason in OPT_IN:
+        if config.getoption(option):
+            continue
+        skip = pytest.mark.skip(reason=reason)
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

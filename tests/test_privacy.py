@@ -253,3 +253,37 @@ def test_a_killed_and_resumed_private_run_equals_an_uninterrupted_one(
     ours, theirs = Checkpoint.load(folder)[0].model, Checkpoint.load(whole)[0].model
     for name, value in theirs.items():
         np.testing.assert_array_equal(ours[name], value)
+
+
+def test_with_equal_weights_the_release_is_flowers_fixed_clipping_average() -> None:
+    """FedAvg with clients of equal size is what Flower's own central DP wrapper
+    (``DifferentialPrivacyServerSideFixedClipping``) can express: its clipping
+    (``compute_clip_model_update``) and average give the same model as ours. Its noise
+    std is z C / K on the average (``compute_stdv``), ours 2 z C / K: it takes the
+    sensitivity of adding or removing a client, C, while the without-replacement
+    accounting both use is for replacing one, 2C (see fedreg_app/privacy.py)."""
+    from flwr.supercore.differential_privacy import compute_clip_model_update, compute_stdv
+
+    rng = np.random.default_rng(4)
+    current = {"base.w": rng.normal(size=50).astype(np.float32),
+               "head_g.w": rng.normal(size=7).astype(np.float32)}  # fmt: skip
+    replies = [{k: (v + rng.normal(scale=s, size=v.shape)).astype(np.float32)
+                for k, v in current.items()} for s in (0.01, 0.5, 3.0)]  # fmt: skip
+    weights = {"base": NUM_EXAMPLES, "head_g": NUM_EXAMPLES}
+    population = {p: {NUM_EXAMPLES: 100} for p in range(3)}
+    scales, denominators = population_denominators(population, weights, 3)
+    ours = central_release(current, [(r, population[0]) for r in replies], weights, scales,
+                           denominators, 0.0, 1.0, np.random.default_rng(0))  # fmt: skip
+    keys = list(current)
+    flower = []
+    for reply in replies:
+        params = [reply[k].copy() for k in keys]
+        compute_clip_model_update(params, [current[k] for k in keys], 1.0)
+        flower.append(params)
+    for index, key in enumerate(keys):
+        average = np.mean([p[index] for p in flower], axis=0)
+        np.testing.assert_allclose(ours[key], average, rtol=1e-5, atol=1e-6)
+    config = load_config({"algo": "fedavg", **private(**{"dp-noise-multiplier": 0.8})})
+    from fedreg_app.privacy import noise_std
+
+    assert noise_std(config) / denominators["base"] == pytest.approx(2 * compute_stdv(0.8, 1.0, 3))
