@@ -124,6 +124,9 @@ class PersonalizedStrategy(Strategy):
     #: the counts) or the ServerApp evaluates it on its own copy of the union test set
     #: (where sending the global model to every client would cost too much, LG-FedAvg).
     global_on_clients: bool = True
+    #: Whether an overridden ``aggregate_updates`` works from the base class's private
+    #: release under central DP (FedDyn); other overrides are refused with DP on.
+    private_aggregation: bool = False
     #: Whether the algorithm has a global model at all (local training has none: its
     #: runs report no global accuracy).
     has_global_model: bool = True
@@ -174,13 +177,11 @@ class PersonalizedStrategy(Strategy):
                 f"dp-mode={mode!r} is not allowed with algo={algo!r}: no client update "
                 "reaches the server; expected 'off'"
             )
-        if mode == "central" and type(self).aggregate_updates is not (
-            PersonalizedStrategy.aggregate_updates
-        ):
+        overridden = type(self).aggregate_updates is not PersonalizedStrategy.aggregate_updates
+        if mode == "central" and overridden and not self.private_aggregation:
             raise ConfigError(
                 f"dp-mode='central' is not allowed with algo={algo!r}: its server does more "
-                "than average the updates (e.g. FedDyn's correction h); expected 'off' or "
-                "'local'"
+                "than average the updates; expected 'off' or 'local'"
             )
 
     def set_population_weights(self, weights: Mapping[int, Mapping[str, float]]) -> None:

@@ -144,12 +144,38 @@ def test_negative_noise_is_refused_even_with_privacy_off() -> None:
         load_config({"dp-noise-multiplier": -0.5})
 
 
-@pytest.mark.parametrize(("algo", "mode"), [("local", "central"), ("centralised", "local"),
-                                             ("feddyn", "central")])  # fmt: skip
+@pytest.mark.parametrize(("algo", "mode"), [("local", "central"), ("centralised", "local")])
 def test_algorithms_privacy_cannot_cover_are_refused(algo: str, mode: str) -> None:
     config = load_config({"algo": algo, **private(**{"dp-mode": mode})})
     with pytest.raises(ConfigError, match=f"dp-mode='{mode}' is not allowed with algo='{algo}'"):
         get_algorithm(algo).strategy(config)
+
+
+def test_a_server_that_does_more_than_average_is_refused_central_dp() -> None:
+    """An overridden aggregation that does not say it works from the private release
+    would see the raw updates: refused (FedDyn says it does, and runs)."""
+    from strategies.base import PersonalizedStrategy
+
+    class Median(PersonalizedStrategy):
+        def aggregate_updates(self, server_round, updates):  # noqa: ANN001, ANN202
+            return {}
+
+    config = load_config({"algo": "fedavg", **private()})
+    with pytest.raises(ConfigError, match="does more than average the updates"):
+        Median(config)
+    assert get_algorithm("feddyn").strategy(load_config({"algo": "feddyn", **private()}))
+
+
+def test_feddyn_under_central_dp_runs_from_the_private_release(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """FedDyn's h and global model are computed from the noisy average only: the run
+    completes with ε in every round."""
+    settings = private(**{"dp-noise-multiplier": 0.01, "algo": "feddyn"})
+    assert run_server(federated(grey_dataset, tmp_path, **settings))[1] is None
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "completed"
+    assert all(r["dp_epsilon"] > 0 for r in document["rounds"])
 
 
 # ------------------------------------------------------------------ through the app
