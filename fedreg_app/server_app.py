@@ -443,6 +443,9 @@ def run_rounds(
     arrays: ArrayRecord,
     first_round: int = 1,
 ) -> ArrayRecord:
+    if first_round > 1 and strategy.finished(first_round - 1):  # resumed after its end
+        log(INFO, "%s had ended the run after round %d", config.algo, first_round - 1)
+        return arrays
     for server_round in range(first_round, config.num_server_rounds + 1):
         wait_for_clients(grid, strategy.partitions, config.min_train_replies)
         training, arrays, train_metrics = train_round(grid, config, strategy, server_round,

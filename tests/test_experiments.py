@@ -409,9 +409,12 @@ variants = { fedreg = {}, a = { fedreg-head-weight = "original" }, fedavg = { al
 
 
 # ------------------------------------------------- resuming interrupted runs
-def interrupted_run(spec: RunSpec, status: str, name: str = "20250101-000000_run1") -> Path:
-    """A run folder as an interrupted run leaves it: results.json with one round, a round-1
-    checkpoint made with the spec's config, and (for FedReG) its clients' state."""
+def interrupted_run(
+    spec: RunSpec, status: str, name: str = "20250101-000000_run1", at_round: int = 1
+) -> Path:
+    """A run folder as an interrupted run leaves it: results.json with one round, a
+    checkpoint of ``at_round`` made with the spec's config, and (for FedReG) its clients'
+    state."""
     folder = spec.folder / name
     folder.mkdir(parents=True)
     document = results_document("completed")
@@ -419,7 +422,8 @@ def interrupted_run(spec: RunSpec, status: str, name: str = "20250101-000000_run
     (folder / "results.json").write_text(json.dumps(document))
     config = load_config({**DECLARED, **spec.run_config})
     Checkpoint(
-        round=1, model={"w": np.ones(3, np.float32)}, strategy_arrays={}, strategy_state={},
+        round=at_round, model={"w": np.ones(3, np.float32)}, strategy_arrays={},
+        strategy_state={},
         state_key=name, run_config=config.to_run_config(),
     ).save(folder)  # fmt: skip
     (spec.state_dir / "runs" / name / "partition-0").mkdir(parents=True)
@@ -455,6 +459,16 @@ def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path
     changed = {**killed.run_config, "local-epochs": 7}
     attempt = decide(RunSpec(**{**killed.__dict__, "run_config": changed}), DECLARED)
     assert attempt.resume is None and "local-epochs" in attempt.note
+
+
+def test_a_run_killed_after_its_last_checkpoint_is_resumed_not_restarted(tmp_path: Path) -> None:
+    """Killed between the last round's checkpoint and the final status: the rerun
+    completes that folder (no round left to train) instead of training it all again."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    last = load_config({**DECLARED, **spec.run_config}).num_server_rounds
+    folder = interrupted_run(spec, "running", at_round=last)
+    attempt = decide(spec, DECLARED)
+    assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, last, None)
 
 
 @pytest.mark.parametrize("damage", ["model", "state", "client-state", "results"])

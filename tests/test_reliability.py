@@ -268,6 +268,51 @@ def test_server_killed_after_a_client_saved_its_next_state_resumes_exactly(
     assert_same_arrays(client_states(tmp_path / "sp"), client_states(tmp_path / "sw"))
 
 
+def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, of_round: int) -> None:
+    """The server dies right after round ``of_round``'s checkpoint is committed, before
+    anything else runs (the results' final status, the next round): a SIGKILL there."""
+    from fedreg_app import server_app
+
+    commit = server_app.save_checkpoint
+
+    def then_die(folder: Path, server_round: int, *args: Any) -> None:
+        commit(folder, server_round, *args)
+        if server_round == of_round:
+            raise ServerKilled(f"killed after round {server_round}'s checkpoint")
+
+    monkeypatch.setattr(server_app, "save_checkpoint", then_die)
+
+
+@pytest.mark.parametrize("ends_early", [False, True])
+def test_server_killed_after_its_last_checkpoint_resumes_to_the_same_end(
+    ends_early: bool, base: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the checkpoint of the run's last round (the configured last, or the
+    round an algorithm ends on by itself, as deviation tracking does): the resume trains
+    no round more and completes with the uninterrupted run's rounds and model."""
+    last = 3
+    if ends_early:  # this algorithm ends after round 2 of 4
+        monkeypatch.setattr(FedReGStrategy, "finished", lambda self, r: r >= 2)
+        last = 2
+    config = {**base, "num-server-rounds": 3 + ends_early}
+    whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
+    assert run_server(whole)[1] is None
+    part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
+    with monkeypatch.context() as patch:
+        kill_after_checkpoint(patch, last)
+        _, stopped = run_server(part, run_id=2)
+    assert isinstance(stopped, ServerKilled)
+    [run_folder] = list((tmp_path / "part").glob("*/"))
+    grid, stopped = run_server({**part, "resume": str(run_folder)}, run_id=3)
+    assert stopped is None
+    assert grid.delivered and {p for p, _, _ in grid.delivered} <= {MessageType.QUERY}
+    expected, resumed = results(tmp_path / "whole"), results(tmp_path / "part")
+    assert resumed["run"]["status"] == "completed"
+    assert [r["round"] for r in resumed["rounds"]] == list(range(1, last + 1))
+    assert per_round(resumed) == per_round(expected)
+    assert_same_arrays(final_model(tmp_path / "part"), final_model(tmp_path / "whole"))
+
+
 def test_resume_of_an_algorithm_with_client_state_needs_a_state_dir(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
