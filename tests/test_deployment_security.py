@@ -1,4 +1,4 @@
-"""What the documented secure deployment (TLS + SuperNode authentication, Flower 1.41)
+"""What the documented secure deployment (TLS + SuperNode authentication, Flower 1.42)
 protects and what it does not, observed on loopback. ``docs/deployment.md`` ("What the
 secure setup protects, and what it does not") quotes the exit codes and messages checked
 here; change both together.
