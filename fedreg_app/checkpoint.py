@@ -138,8 +138,10 @@ class Checkpoint:
                 f"resume: {key}={now.get(key)!r} is not allowed: the checkpoint was made with "
                 f"{key}={then!r} (only {', '.join(sorted(RESUMABLE_CHANGES))} may change)"
             )
-        if config.num_server_rounds < self.round:  # equal: killed after the last round,
-            raise ConfigError(  # the resume only completes the run
+        # As many rounds as the checkpoint holds: killed after its last round, the resume
+        # only completes the run (writes its final status); fewer cannot be meant.
+        if config.num_server_rounds < self.round:
+            raise ConfigError(
                 f"num-server-rounds={config.num_server_rounds} is not allowed: the checkpoint "
                 f"has already finished round {self.round}; expected at least that many"
             )

@@ -423,8 +423,7 @@ def interrupted_run(
     config = load_config({**DECLARED, **spec.run_config})
     Checkpoint(
         round=at_round, model={"w": np.ones(3, np.float32)}, strategy_arrays={},
-        strategy_state={},
-        state_key=name, run_config=config.to_run_config(),
+        strategy_state={}, state_key=name, run_config=config.to_run_config(),
     ).save(folder)  # fmt: skip
     (spec.state_dir / "runs" / name / "partition-0").mkdir(parents=True)
     return folder
