@@ -7,13 +7,18 @@ again at any time, from a partial grid too::
     fedreg-report experiments/ --out docs/figures
     fedreg-report classes --clients 30 --set dataset-path=../shared/data/fashion_mnist
 
-The folder layout is the runner's: ``<root>/<experiment>/<cell>/seed<k>/<run>/results.json``.
+The folder layout is the runner's: ``<root>/<experiment>/<cell>/seed<k>/<run>/results.json``,
+or the same without the ``<run>`` folder (``<root>/<experiment>/<cell>/seed<k>/results.json``,
+as results are committed under ``results/``).
 A run counts when its status is ``completed`` (every client answered every phase) or
 ``degraded`` (it finished, but some replies were missing or rejected): degraded runs are
 kept and their figures marked ``†`` in the tables; where none of a run's evaluated rounds
 had every client's reply, its P is the figure over the clients that answered, marked ``‡``
 (never shown as the all-client figure). Failed and unfinished runs are left out, and the
-report says how many and why. ``--personal sampled`` shows, in the P columns and the
+report says how many and why; ``--unfinished`` keeps a seed's unfinished run (status
+``running``: interrupted, stopped by ``--max-minutes``, or still going) when it has no
+finished one, with its best figures over the rounds done so far marked ``§`` and its
+rounds done listed under the table. ``--personal sampled`` shows, in the P columns and the
 personal curves, the personal accuracy over the clients that had trained at least once
 (``personal_accuracy_sampled``) instead of the all-client figure (the default: the
 sources evaluate every client, trained or not). Plots:
@@ -61,6 +66,8 @@ FINISHED = ("completed", "degraded")
 DEGRADED = "degraded"
 DEGRADED_MARK = "†"
 ANSWERED_MARK = "‡"
+UNFINISHED_MARK = "§"
+RUNNING = "running"
 DEGRADED_NOTE = (
     f"{DEGRADED_MARK} degraded: some client replies were missing or rejected in these runs "
     "(each round's `errors` in results.json says which); the figures are kept"
@@ -68,6 +75,10 @@ DEGRADED_NOTE = (
 ANSWERED_NOTE = (
     f"{ANSWERED_MARK} P over the clients that answered: no evaluated round of these runs had "
     "every client's reply, so the all-client figure does not exist"
+)
+UNFINISHED_NOTE = (
+    f"{UNFINISHED_MARK} unfinished: these runs have not done all their rounds (status "
+    "`running`); the figures are the best over the rounds done so far"
 )
 
 #: The personal figures a report can show: every client's (the sources'), or only those
@@ -98,22 +109,24 @@ def personal_figure(document: dict[str, Any], which: str = "all") -> tuple[float
     return answered, answered is not None
 
 
-def marked(text: str, degraded: bool, answered: bool = False) -> str:
+def marked(text: str, degraded: bool, answered: bool = False, unfinished: bool = False) -> str:
     """A table value with the marks its footnotes explain (none on an empty value)."""
     if text == "–":
         return text
-    return text + (DEGRADED_MARK if degraded else "") + (ANSWERED_MARK if answered else "")
+    present = {DEGRADED_MARK: degraded, ANSWERED_MARK: answered, UNFINISHED_MARK: unfinished}
+    return text + "".join(mark for mark, shown in present.items() if shown)
 
 
 def footnotes(table: str) -> str:
     """The table with a footnote line for each mark it uses."""
-    notes = [n for n in (DEGRADED_NOTE, ANSWERED_NOTE) if n[0] in table]
+    notes = [n for n in (DEGRADED_NOTE, ANSWERED_NOTE, UNFINISHED_NOTE) if n[0] in table]
     return "\n\n".join([table, *notes]) if notes else table
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """One finished run (completed or degraded), located by the runner's folder layout."""
+    """One finished run (completed or degraded), or with ``--unfinished`` an unfinished one
+    (``running``), located by the runner's folder layout."""
 
     experiment: str
     cell: str  # the cell folder, e.g. ``fedreg`` or ``fedreg__variant-a``
@@ -135,6 +148,16 @@ class RunResult:
     @property
     def degraded(self) -> bool:
         return run_status(self.document) == DEGRADED
+
+    @property
+    def unfinished(self) -> bool:
+        return run_status(self.document) == RUNNING
+
+    @property
+    def progress(self) -> str:
+        """``rounds done/rounds configured``, e.g. ``74/100``."""
+        total = self.document.get("config", {}).get("num-server-rounds", "?")
+        return f"{len(self.document.get('rounds', []))}/{total}"
 
     @property
     def best_personal(self) -> float | None:
@@ -181,6 +204,16 @@ class Collection:
     results: list[RunResult]
     skipped: list[Skipped]
 
+    def unfinished_note(self) -> str:
+        """The unfinished runs the report kept, with their rounds done ("" if none)."""
+        runs = [r for r in self.results if r.unfinished]
+        if not runs:
+            return ""
+        lines = [f"{UNFINISHED_MARK} Unfinished runs kept (rounds done/configured):"]
+        return "\n".join(
+            lines + [f"- {r.experiment}/{r.cell}/seed{r.seed}: {r.progress}" for r in runs]
+        )
+
     def skipped_note(self, root: Path) -> str:
         """How many seed folders were left out and why ("" if none)."""
         if not self.skipped:
@@ -191,20 +224,37 @@ class Collection:
         return "\n".join(lines + [s.line(root) for s in self.skipped])
 
 
-def scan(root: Path) -> Collection:
+def results_files(root: Path) -> dict[Path, list[Path]]:
+    """Every results.json under ``root`` per seed folder, oldest first: the runner's
+    ``seed<k>/<run>/results.json`` (run folders sort by time) and the committed
+    ``seed<k>/results.json`` (one run, no run folder)."""
+    files: dict[Path, list[Path]] = {}
+    for path in sorted(root.glob("*/*/seed*/results.json")):
+        files.setdefault(path.parent, []).append(path)
+    for path in sorted(root.glob("*/*/seed*/*/results.json")):
+        files.setdefault(path.parent.parent, []).append(path)
+    return dict(sorted(files.items()))
+
+
+def read_document(path: Path) -> dict[str, Any]:
+    """A results.json, or an ``unreadable`` status that says why."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        return {"run": {"status": "unreadable", "error": f"{path.name}: {err}"}}
+
+
+def scan(root: Path, unfinished: bool = False) -> Collection:
     """Per seed folder under ``root``, its newest finished run (completed or degraded);
-    a seed folder with none is skipped, with its newest run's status and error."""
-    documents: dict[Path, list[dict[str, Any]]] = {}
-    for path in sorted(root.glob("*/*/seed*/*/results.json")):  # run folders sort by time
-        try:
-            document = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            document = {"run": {"status": "unreadable", "error": f"{path.name}: {err}"}}
-        documents.setdefault(path.parent.parent, []).append(document)
+    a seed folder with none is skipped, with its newest run's status and error. With
+    ``unfinished``, such a seed keeps instead its newest ``running`` run that has rounds."""
     results, skipped = [], []
-    for seed_folder, runs in documents.items():
-        finished = [d for d in runs if run_status(d) in FINISHED]
-        if not finished:
+    for seed_folder, paths in results_files(root).items():
+        runs = [read_document(path) for path in paths]
+        kept = [d for d in runs if run_status(d) in FINISHED]
+        if not kept and unfinished:
+            kept = [d for d in runs if run_status(d) == RUNNING and d.get("rounds")]
+        if not kept:
             run = runs[-1].get("run", {})
             skipped.append(Skipped(seed_folder, run.get("status") or "no status", run.get("error")))
             continue
@@ -213,15 +263,16 @@ def scan(root: Path) -> Collection:
                 experiment=seed_folder.parent.parent.name,
                 cell=seed_folder.parent.name,
                 seed=int(seed_folder.name.removeprefix("seed")),
-                document=finished[-1],
+                document=kept[-1],
             )
         )
     return Collection(results, skipped)
 
 
-def collect(root: Path) -> list[RunResult]:
-    """Every finished run under ``root``: completed or degraded (the newest per seed)."""
-    return scan(root).results
+def collect(root: Path, unfinished: bool = False) -> list[RunResult]:
+    """Every finished run under ``root``: completed or degraded (the newest per seed);
+    with ``unfinished``, also the unfinished runs of seeds that have no finished one."""
+    return scan(root, unfinished).results
 
 
 def by_key(results: Sequence[RunResult], key: Any) -> dict[Any, list[RunResult]]:
@@ -260,13 +311,13 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
         for experiment in experiments:
             runs = groups.get((cell, experiment), [])
             degraded = any(r.degraded for r in runs)
+            running = any(r.unfinished for r in runs)
             figures = [personal_figure(r.document, personal) for r in runs]
             figures = [f for f in figures if f[0] is not None]
             globals_ = [r.best_global for r in runs if r.best_global is not None]
-            row.append(marked(mean_std(globals_), degraded))
-            row.append(
-                marked(mean_std([f for f, _ in figures]), degraded, any(a for _, a in figures))
-            )
+            row.append(marked(mean_std(globals_), degraded, unfinished=running))
+            answered = any(a for _, a in figures)
+            row.append(marked(mean_std([f for f, _ in figures]), degraded, answered, running))
             seeds.append(str(len(runs)))
         lines.append("| " + " | ".join(row + ["/".join(seeds)]) + " |")
     table = footnotes("\n".join(lines))
@@ -291,7 +342,11 @@ def cost_table(results: Sequence[RunResult]) -> str:
             if r.document["rounds"]
         ]
         seconds = f"{statistics.fmean(per_run):.1f}" if per_run else "–"
-        name = marked(cell.replace(CELL_SEPARATOR, " "), any(r.degraded for r in runs))
+        name = marked(
+            cell.replace(CELL_SEPARATOR, " "),
+            any(r.degraded for r in runs),
+            unfinished=any(r.unfinished for r in runs),
+        )
         lines.append(
             f"| {experiment} | {name} | "
             f"{mean('total_bytes_to_clients', 1e6)} | {mean('total_bytes_from_clients', 1e6)} | "
@@ -336,6 +391,8 @@ def plot_accuracy_curves(
             rounds, mean, std = band
             colour = colours(index % colours.N)
             note = f", {degraded} degraded{DEGRADED_MARK}" if degraded else ""
+            progress = [r.progress for r in runs if r.unfinished]
+            note += f", unfinished{UNFINISHED_MARK} {' '.join(progress)}" if progress else ""
             label = f"{cell.replace(CELL_SEPARATOR, ' ')} (n={len(runs)}{note})"
             width = 2.6 if cell.split(CELL_SEPARATOR)[0] == "fedreg" else 1.4
             axis.plot(rounds, mean, marker="o", markersize=3, color=colour, label=label,
@@ -353,6 +410,9 @@ def plot_accuracy_curves(
         figure.text(0.01, -0.02, f"{DEGRADED_MARK} degraded runs: some client replies were "
                     "missing; their personal accuracy there is over the clients that answered",
                     fontsize=8, ha="left", va="top")  # fmt: skip
+    if any(r.unfinished for r in results):
+        figure.text(0.99, -0.02, f"{UNFINISHED_MARK} unfinished runs: rounds done/configured "
+                    "in the legend", fontsize=8, ha="right", va="top")  # fmt: skip
     figure.suptitle(title)
     return _save(figure, path)
 
@@ -440,21 +500,26 @@ def _save(figure: Any, path: Path) -> Path:
 
 
 # --------------------------------------------------------------------- reports
-def write_report(root: Path, out: Path, personal: str = "all") -> list[Path]:
+def write_report(
+    root: Path, out: Path, personal: str = "all", unfinished: bool = False
+) -> list[Path]:
     """Tables and plots for every finished run (completed or degraded) under ``root``; the
     table says which seed folders were left out and why. ``personal`` picks the personal
-    figure shown (one of ``PERSONAL_FIGURES``)."""
-    collection = scan(root)
+    figure shown (one of ``PERSONAL_FIGURES``); ``unfinished`` keeps unfinished runs of
+    seeds with no finished one, marked, with their rounds done under the table."""
+    collection = scan(root, unfinished)
     results, skipped = collection.results, collection.skipped_note(root)
     if not results:
+        kinds = "completed, degraded or unfinished" if unfinished else "completed or degraded"
         raise FileNotFoundError(
-            f"{root}: no completed or degraded results.json under */*/seed*/*/"
+            f"{root}: no {kinds} results.json under */*/seed*/ or */*/seed*/*/"
             + (f"\n{skipped}" if skipped else "")
         )
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "table.md", out / "costs.md"]
     table = paper_table(results, personal)
-    written[0].write_text("\n\n".join(filter(None, [table, skipped])) + "\n")
+    progress = collection.unfinished_note()
+    written[0].write_text("\n\n".join(filter(None, [table, progress, skipped])) + "\n")
     written[1].write_text(cost_table(results) + "\n")
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
@@ -515,9 +580,15 @@ def main(argv: list[str] | None = None) -> int:
         help="personal accuracy shown: over all clients (default, as the sources) or over "
         "the clients that had trained at least once (sampled)",
     )  # fmt: skip
+    parser.add_argument(
+        "--unfinished", action="store_true",
+        help="also report a seed's unfinished run (interrupted, stopped or still going) when "
+        "it has no finished one: best figures over the rounds done, marked",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        written = write_report(args.root, args.out or args.root / "report", args.personal)
+        out = args.out or args.root / "report"
+        written = write_report(args.root, out, args.personal, args.unfinished)
     except FileNotFoundError as err:
         parser.error(str(err))
     print(written[0].read_text())

@@ -16,6 +16,7 @@ from fedreg_app.overrides import declared_run_config
 from fedreg_app.reports import (
     ANSWERED_NOTE,
     DEGRADED_NOTE,
+    UNFINISHED_NOTE,
     _mean_band,
     class_distribution_report,
     collect,
@@ -44,7 +45,7 @@ def fake_run(
 ) -> None:
     """A results.json in the runner's layout; ``answered`` gives a degraded run's
     per-round personal accuracy over the clients that answered."""
-    folder = root / experiment / cell / f"seed{seed}" / run
+    folder = root / experiment / cell / f"seed{seed}" / run  # run="": the committed layout
     folder.mkdir(parents=True)
     answered = answered or personals
     rounds = [
@@ -61,14 +62,15 @@ def fake_run(
     complete = [p for p in personals if p is not None]
     document = {
         "config": {"algo": cell.split("__")[0], "dataset": "zalando-datasets/fashion_mnist",
-                   "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1, "batch-size": 10},
+                   "num-server-rounds": 5, "alpha": 0.1, "fraction-train": 0.25,
+                   "local-epochs": 1, "batch-size": 10},
         "run": {"status": status, "num_clients": clients, **({"error": error} if error else {})},
         "rounds": rounds,
         "total_bytes_to_clients": 4_000_000, "total_bytes_from_clients": 1_000_000,
         "total_train_bytes_to_clients": 2_000_000, "total_train_bytes_from_clients": 1_000_000,
-        "best_global_accuracy": max(g for g in globals_ if g is not None),
+        "best_global_accuracy": max((g for g in globals_ if g is not None), default=None),
         "best_personal_accuracy": max(complete) if complete else None,
-        "best_personal_accuracy_answered": max(a for a in answered if a is not None),
+        "best_personal_accuracy_answered": max((a for a in answered if a), default=None),
     }  # fmt: skip
     (folder / "results.json").write_text(json.dumps(document))
 
@@ -250,3 +252,48 @@ def test_report_classes_names_the_closest_key_of_an_unknown_one(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["classes", "--set", "pxor-mu=0.1", "--out", "x.png"])
     assert "did you mean 'prox-mu'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- unfinished runs
+def test_committed_results_without_a_run_folder_are_read(tmp_path: Path) -> None:
+    """``results/<experiment>/<cell>/seed<k>/results.json``, as results are committed."""
+    fake_run(tmp_path, "table2", "fedreg", 0, run="")
+    fake_run(tmp_path, "table2", "fedavg", 0, globals_=(0.2, 0.3, 0.4))
+    assert [(r.cell, r.best_global) for r in collect(tmp_path)] == [
+        ("fedavg", 0.4),
+        ("fedreg", 0.7),
+    ]
+
+
+def test_unfinished_runs_are_skipped_unless_asked_then_marked_with_rounds_done(
+    tmp_path: Path, capsys
+) -> None:
+    fake_run(tmp_path, "t", "fedreg", 0, run="", status="running", globals_=(0.5, 0.8, 0.6))
+    fake_run(tmp_path, "t", "fedavg", 0)
+    fake_run(tmp_path, "t", "fedavg", 1, status="running", run="run-1")  # finished rerun:
+    fake_run(tmp_path, "t", "fedavg", 1, globals_=(0.1, 0.2, 0.3), run="run-2")  # it wins
+    fake_run(tmp_path, "t", "fedrod", 0, status="running", globals_=(), personals=())
+    assert [(r.cell, r.seed) for r in collect(tmp_path)] == [("fedavg", 0), ("fedavg", 1)]
+
+    collection = scan(tmp_path, unfinished=True)
+    kept = {(r.cell, r.seed): r for r in collection.results}
+    assert sorted(kept) == [("fedavg", 0), ("fedavg", 1), ("fedreg", 0)]
+    assert kept["fedreg", 0].unfinished and kept["fedreg", 0].progress == "3/5"
+    assert not kept["fedavg", 1].unfinished and kept["fedavg", 1].best_global == 0.3
+    assert [s.status for s in collection.skipped] == ["running"]  # fedrod: no round yet
+    table = paper_table(collection.results)
+    assert "| fedreg | 80.00§ | 90.00§ | 1 |" in table
+    assert "| fedavg | 50.00 ± 28.28 | 90.00 ± 0.00 | 2 |" in table
+    assert table.endswith(UNFINISHED_NOTE)
+    assert "| t | fedreg§ |" in cost_table(collection.results)
+
+    assert main([str(tmp_path), "--unfinished", "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "table.md").read_text()
+    assert "§ Unfinished runs kept (rounds done/configured):\n- t/fedreg/seed0: 3/5" in report
+    assert "- t/fedrod/seed0: running" in report
+    assert (tmp_path / "report" / "t_accuracy.png").exists()
+    capsys.readouterr()
+    assert (
+        "fedreg"
+        not in write_report(tmp_path, tmp_path / "plain")[0].read_text().split("Skipped")[0]
+    )
