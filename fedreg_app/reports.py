@@ -55,6 +55,7 @@ from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 from clients.rebalance import class_threshold  # noqa: E402
 from fedreg_app.config import ConfigError  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
+from fedreg_app.metrics import COMPLETED, DEGRADED, RUNNING  # noqa: E402
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.registry import load_config  # noqa: E402
 
@@ -62,12 +63,10 @@ CELL_SEPARATOR = "__"
 
 # ---------------------------------------------------------------- run status
 #: Statuses of a run that ran to its end; ``failed`` and ``running`` are not.
-FINISHED = ("completed", "degraded")
-DEGRADED = "degraded"
+FINISHED = (COMPLETED, DEGRADED)
 DEGRADED_MARK = "†"
 ANSWERED_MARK = "‡"
 UNFINISHED_MARK = "§"
-RUNNING = "running"
 DEGRADED_NOTE = (
     f"{DEGRADED_MARK} degraded: some client replies were missing or rejected in these runs "
     "(each round's `errors` in results.json says which); the figures are kept"
