@@ -59,13 +59,14 @@ from typing import Any
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
 from fedreg_app.config import ConfigError
 from fedreg_app.launcher import LocalSuperLink, toml_value
-from fedreg_app.metrics import first_line
+from fedreg_app.metrics import first_line, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
 from fedreg_app.persist import save_json
 from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.reports import (
     DEGRADED,
     FINISHED,
+    RUNNING,
     footnotes,
     marked,
     mean_std,
@@ -181,7 +182,7 @@ class RunSpec:
         path, document = documents[-1]
         run = document.get("run", {})
         status = run.get("status") or "no status"
-        if status == "running":
+        if status == RUNNING:
             status = "still 'running' when flwr run ended (the ServerApp was stopped)"
         error = "\n" + textwrap.indent(f"error: {run['error']}", "    ") if run.get("error") else ""
         return f"{path.parent} ({status}){error}"
@@ -298,7 +299,7 @@ def checkpoint_round(run_folder: Path | None) -> int:
 
 def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = False) -> Attempt:
     """Resume the newest run folder that holds a checkpoint, if its run was interrupted
-    (status ``running``: killed with no time to write; or stopped by the runner itself);
+    (status ``stopped``: the runner stopped it; ``running``: killed with no time to write);
     a ``failed`` run (an error of its own) and a seed with no checkpoint start anew, and so
     does a run whose config changed since. A checkpoint, ``results.json`` or client state
     that cannot be trusted stops the run from going on: reported, and started anew in a
@@ -484,6 +485,7 @@ def run_all(
                 session.mark_stopped(stop)  # before the SuperLink goes
                 raise
     except Stop as stop:
+        session.write_stopped(stop)  # the SuperLink and the ServerApp are gone now
         session.report_stop(stop)
         raise
     return [s for s in specs if s.result is None]
@@ -570,6 +572,12 @@ class Session:
         self.find_run_folder()
         if self.spec is not None and self.current is not None:
             write_marker(self.current, stopped=stop.reason)
+
+    def write_stopped(self, stop: Stop) -> None:
+        """Say in the results.json of the run in progress that the runner stopped it
+        (status ``stopped``), so that a report does not take it for a run still going."""
+        if self.spec is not None and self.current is not None:
+            mark_stopped(self.current, stop.reason, checkpoint_round(self.current))
 
     def report_stop(self, stop: Stop) -> None:
         """Where the grid stands, once the SuperLink and the simulation are stopped."""

@@ -56,6 +56,10 @@ CSV_COLUMNS = (
     "dp_epsilon",
 )
 COMPLETED, DEGRADED, FAILED, RUNNING = "completed", "degraded", "failed", "running"
+#: A run the experiment runner stopped itself (Ctrl-C, SIGTERM, ``--max-minutes``) once its
+#: ServerApp was gone: resumable. ``running`` is then left only to a run in progress, or
+#: one whose processes were killed with no chance to write (SIGKILL, the machine gone).
+STOPPED = "stopped"
 
 
 @dataclass
@@ -170,7 +174,7 @@ class ResultsWriter:
         # What the interrupted attempt concluded (an error, a status, an end time) is not
         # this attempt's: it is decided again when the resumed run ends.
         earlier = {k: v for k, v in document["run"].items()
-                   if k not in ("error", "finished", "status")}  # fmt: skip
+                   if k not in ("error", "finished", "status", "stopped")}  # fmt: skip
         continued = {
             **earlier, **run, "resumed": resumes, "status": RUNNING,
             "run_id": document["run"]["run_id"],  # the first run's id names the folder
@@ -238,6 +242,35 @@ class ResultsWriter:
         for r in self.rounds:
             writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in CSV_COLUMNS])
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())
+
+
+def mark_stopped(folder: Path, reason: str, checkpoint_round: int) -> bool:
+    """Rewrite a run folder's results.json to say the runner stopped it: status
+    ``stopped``, why, and the round a resume continues after. Called once the ServerApp is
+    gone, so nothing else writes the file. The rounds are kept; an error the ServerApp
+    wrote on its way out (it was stopped mid-round) is kept as ``stopped.server_error``.
+    False, and nothing written, if there is no readable results.json or the run had
+    finished (``completed`` / ``degraded``) before the stop."""
+    path = folder / "results.json"
+    try:
+        document = json.loads(path.read_text())
+        run = document["run"]
+        status = run.get("status")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+    if status not in (RUNNING, FAILED, STOPPED):
+        return False
+    stopped = {
+        "reason": reason, "after_round": checkpoint_round,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }  # fmt: skip
+    if status == FAILED and run.get("error"):
+        stopped["server_error"] = first_line(str(run["error"]))
+    run.pop("finished", None)
+    run.pop("error", None)
+    run.update(status=STOPPED, stopped=stopped)
+    write_text_atomic(path, json.dumps(document, indent=2))
+    return True
 
 
 def first_line(text: str) -> str:

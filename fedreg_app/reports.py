@@ -55,15 +55,18 @@ from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 from clients.rebalance import class_threshold  # noqa: E402
 from fedreg_app.config import ConfigError  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
-from fedreg_app.metrics import COMPLETED, DEGRADED, RUNNING  # noqa: E402
+from fedreg_app.metrics import COMPLETED, DEGRADED, RUNNING, STOPPED  # noqa: E402
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.registry import load_config  # noqa: E402
 
 CELL_SEPARATOR = "__"
 
 # ---------------------------------------------------------------- run status
-#: Statuses of a run that ran to its end; ``failed`` and ``running`` are not.
+#: Statuses of a run that ran to its end; ``failed``, ``running`` and ``stopped`` are not.
 FINISHED = (COMPLETED, DEGRADED)
+#: Statuses of a run that may go on: in progress (or killed unawares), or stopped by the
+#: runner (resumable); ``--unfinished`` reports them.
+UNFINISHED = (RUNNING, STOPPED)
 DEGRADED_MARK = "†"
 ANSWERED_MARK = "‡"
 UNFINISHED_MARK = "§"
@@ -77,7 +80,7 @@ ANSWERED_NOTE = (
 )
 UNFINISHED_NOTE = (
     f"{UNFINISHED_MARK} unfinished: these runs have not done all their rounds (status "
-    "`running`); the figures are the best over the rounds done so far"
+    "`running` or `stopped`); the figures are the best over the rounds done so far"
 )
 
 #: The personal figures a report can show: every client's (the sources'), or only those
@@ -150,13 +153,22 @@ class RunResult:
 
     @property
     def unfinished(self) -> bool:
-        return run_status(self.document) == RUNNING
+        return run_status(self.document) in UNFINISHED
 
     @property
     def progress(self) -> str:
         """``rounds done/rounds configured``, e.g. ``74/100``."""
         total = self.document.get("config", {}).get("num-server-rounds", "?")
         return f"{len(self.document.get('rounds', []))}/{total}"
+
+    @property
+    def state(self) -> str:
+        """What an unfinished run's status says about it, for the report's note."""
+        run = self.document.get("run", {})
+        if run.get("status") == STOPPED:
+            stopped = run.get("stopped") or {}
+            return f"stopped ({stopped.get('reason', 'by the runner')}; resumable)"
+        return "running (in progress when written, or killed with no chance to say so)"
 
     @property
     def best_personal(self) -> float | None:
@@ -187,7 +199,7 @@ class Skipped:
     """A seed folder without a finished run, and why: what its newest run says."""
 
     seed_folder: Path
-    status: str  # failed, running, or "no results" / "unreadable"
+    status: str  # failed, running, stopped, or "no results" / "unreadable"
     error: str | None = None
 
     def line(self, root: Path) -> str:
@@ -210,7 +222,8 @@ class Collection:
             return ""
         lines = [f"{UNFINISHED_MARK} Unfinished runs kept (rounds done/configured):"]
         return "\n".join(
-            lines + [f"- {r.experiment}/{r.cell}/seed{r.seed}: {r.progress}" for r in runs]
+            lines
+            + [f"- {r.experiment}/{r.cell}/seed{r.seed}: {r.progress}, {r.state}" for r in runs]
         )
 
     def skipped_note(self, root: Path) -> str:
@@ -246,13 +259,14 @@ def read_document(path: Path) -> dict[str, Any]:
 def scan(root: Path, unfinished: bool = False) -> Collection:
     """Per seed folder under ``root``, its newest finished run (completed or degraded);
     a seed folder with none is skipped, with its newest run's status and error. With
-    ``unfinished``, such a seed keeps instead its newest ``running`` run that has rounds."""
+    ``unfinished``, such a seed keeps instead its newest ``running`` or ``stopped`` run
+    that has rounds."""
     results, skipped = [], []
     for seed_folder, paths in results_files(root).items():
         runs = [read_document(path) for path in paths]
         kept = [d for d in runs if run_status(d) in FINISHED]
         if not kept and unfinished:
-            kept = [d for d in runs if run_status(d) == RUNNING and d.get("rounds")]
+            kept = [d for d in runs if run_status(d) in UNFINISHED and d.get("rounds")]
         if not kept:
             run = runs[-1].get("run", {})
             skipped.append(Skipped(seed_folder, run.get("status") or "no status", run.get("error")))

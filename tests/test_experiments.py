@@ -596,12 +596,17 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
     assert 1 <= stopped_at < 4, printed
     before = json.loads((folder / "results.json").read_text())["rounds"][:stopped_at]
     assert read_marker(folder)["stopped"] == "stopped by SIGTERM"
+    run = json.loads((folder / "results.json").read_text())["run"]
+    assert run["status"] == "stopped" and "error" not in run  # not "running", not "failed"
+    assert run["stopped"]["reason"] == "stopped by SIGTERM"
+    assert run["stopped"]["after_round"] == stopped_at
     assert main([str(config), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert f"resuming {folder} after round {stopped_at}" in printed
     assert only_run_folder(out) == folder  # the same run folder, continued
     results = json.loads((folder / "results.json").read_text())
     assert [r["after_round"] for r in results["run"]["resumed"]] == [stopped_at]
+    assert results["run"]["status"] == "completed" and "stopped" not in results["run"]
     # The rounds before the checkpoint are the first attempt's records, timings and all:
     # only rounds stopped_at + 1 .. 4 were computed again.
     assert results["rounds"][:stopped_at] == before
@@ -676,6 +681,10 @@ def test_max_minutes_stops_after_a_round_and_the_rerun_resumes_it(
     (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
     folder = spec.folder / "run1"
     assert checkpoint_round(folder) == 1 and read_marker(folder)["stopped"]
+    run = json.loads((folder / "results.json").read_text())["run"]
+    assert run["status"] == "stopped"
+    assert run["stopped"]["reason"] == "stopped by --max-minutes"
+    assert run["stopped"]["after_round"] == 1
     assert "stopped by --max-minutes; t3 fedreg seed 0 stopped after round 1/3" in printed.err
     assert f"fedreg-experiment {config} --out {out} --max-minutes 0" in printed.err
     assert "[run 1/1 | round 1/3] t3 fedreg seed 0 | grid 1/3 rounds |" in printed.out
@@ -713,5 +722,7 @@ def test_sigterm_marks_the_run_stopped_and_exits_143(
     err = capsys.readouterr().err
     folder = out / "t3" / "fedreg" / "seed0" / "run1"
     assert read_marker(folder)["stopped"] == "stopped by SIGTERM"
+    run = json.loads((folder / "results.json").read_text())["run"]
+    assert (run["status"], run["stopped"]["after_round"]) == ("stopped", 1)
     assert "stopped by SIGTERM; t3 fedreg seed 0 stopped after round 1/3" in err
     assert "Continue with the same command" in err

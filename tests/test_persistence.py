@@ -16,7 +16,7 @@ from fedreg_app import data as data_module
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
-from fedreg_app.metrics import ResultsWriter, RoundRecord
+from fedreg_app.metrics import ResultsWriter, RoundRecord, mark_stopped
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import load_arrays, save_arrays
 from fedreg_app.registry import load_config
@@ -147,6 +147,37 @@ def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -
     assert "error" not in document["run"]  # the interrupted attempt's error is not this one's
     assert document["run"]["resumed"][0]["after_round"] == 2
     assert [r["global_accuracy"] for r in document["rounds"]] == pytest.approx([0.1, 0.2, 0.5])
+
+
+def test_a_stopped_run_says_so_keeps_its_rounds_and_resumes_to_completed(
+    tmp_path: Path,
+) -> None:
+    """The runner's mark: a killed ServerApp's ``failed`` (its error kept aside) or a
+    ``running`` becomes ``stopped`` with the reason and the checkpoint round; a finished
+    run and an unreadable file are left alone; a resume clears the mark."""
+    writer = ResultsWriter(tmp_path / "run", {"algo": "fedreg"}, {"run_id": 7})
+    for k in (1, 2):
+        writer.add(RoundRecord(k, 0.1 * k, 0.2 * k, 0.0, 1.0, 1.0, 10))
+    writer.finish("Traceback (most recent call last):\n  ...\nConnectionError: gone")
+    assert mark_stopped(tmp_path / "run", "stopped by SIGTERM", 2)
+    document = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert document["run"]["status"] == "stopped"
+    assert "error" not in document["run"] and "finished" not in document["run"]
+    stopped = document["run"]["stopped"]
+    assert (stopped["reason"], stopped["after_round"]) == ("stopped by SIGTERM", 2)
+    assert stopped["server_error"] == "ConnectionError: gone"
+    assert [r["round"] for r in document["rounds"]] == [1, 2]
+    resumed = ResultsWriter.resume(tmp_path / "run", {"algo": "fedreg"}, {"run_id": 9}, 2)
+    resumed.add(RoundRecord(3, 0.5, 0.6, 0.0, 1.0, 1.0, 10))
+    assert resumed.finish() == "completed"
+    run = json.loads((tmp_path / "run" / "results.json").read_text())["run"]
+    assert "stopped" not in run and run["resumed"][0]["after_round"] == 2
+    assert not mark_stopped(tmp_path / "run", "stopped by SIGTERM", 3)  # finished: kept
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["run"] == run
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "results.json").write_text('{"run": {"stat')
+    assert not mark_stopped(tmp_path / "torn", "stopped by SIGINT", 1)
+    assert not mark_stopped(tmp_path / "absent", "stopped by SIGINT", 1)
 
 
 def test_skewed_participation_favours_some_clients_and_is_seeded() -> None:

@@ -289,7 +289,8 @@ def test_unfinished_runs_are_skipped_unless_asked_then_marked_with_rounds_done(
 
     assert main([str(tmp_path), "--unfinished", "--out", str(tmp_path / "report")]) == 0
     report = (tmp_path / "report" / "table.md").read_text()
-    assert "§ Unfinished runs kept (rounds done/configured):\n- t/fedreg/seed0: 3/5" in report
+    kept_note = "§ Unfinished runs kept (rounds done/configured):\n- t/fedreg/seed0: 3/5, running"
+    assert kept_note in report
     assert "- t/fedrod/seed0: running" in report
     assert (tmp_path / "report" / "t_accuracy.png").exists()
     capsys.readouterr()
@@ -297,3 +298,20 @@ def test_unfinished_runs_are_skipped_unless_asked_then_marked_with_rounds_done(
         "fedreg"
         not in write_report(tmp_path, tmp_path / "plain")[0].read_text().split("Skipped")[0]
     )
+
+
+def test_a_run_the_runner_stopped_reads_as_stopped_not_running(tmp_path: Path) -> None:
+    """``stopped`` (written by the runner once the ServerApp is gone) is unfinished, and
+    the report says why it stopped and that it resumes; ``running`` says it may be dead."""
+    fake_run(tmp_path, "t", "fedreg", 0, run="", status="stopped", globals_=(0.5, 0.8, 0.6))
+    document_path = tmp_path / "t" / "fedreg" / "seed0" / "results.json"
+    document = json.loads(document_path.read_text())
+    document["run"]["stopped"] = {"reason": "stopped by --max-minutes", "after_round": 3}
+    document_path.write_text(json.dumps(document))
+    fake_run(tmp_path, "t", "fedavg", 0, run="", status="running")
+    assert collect(tmp_path) == []
+    collection = scan(tmp_path, unfinished=True)
+    assert all(r.unfinished for r in collection.results)
+    note = collection.unfinished_note()
+    assert "- t/fedreg/seed0: 3/5, stopped (stopped by --max-minutes; resumable)" in note
+    assert "- t/fedavg/seed0: 3/5, running (in progress when written, or killed" in note
