@@ -32,19 +32,15 @@ from fedreg_app.launcher import (
     BIN,
     PROJECT,
     QUIET_OFFLINE_ENV,
+    TASK_POLL_ENV,
     config_text,
     free_port,
     kill_tree,
+    stage_app,
     stop_process,
 )
 
 CONNECTION = "local-deploy"
-
-#: A SuperNode's SuperExec asks for new work (a message to start a ``flwr-clientapp``
-#: process for) once a second by default; every message then waits half a second on
-#: average. Flower reads the interval from the environment (0.01-60 s); the
-#: environment's own value wins.
-TASK_POLL_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 
 
 def node_config_arg(config: dict[str, Any]) -> str:
@@ -65,6 +61,7 @@ class LocalDeployment:
         supernode_auth: bool = False,
     ) -> None:
         self.home, self.nodes, self.app, self.tls = home, nodes, app, tls
+        self.source = app  # ``flwr run`` gets a staged copy of it (see :func:`stage_app`)
         if supernode_auth and tls is None:
             raise ValueError("SuperNode authentication needs TLS: pass tls=<certificates>")
         self.supernode_auth = supernode_auth
@@ -86,6 +83,7 @@ class LocalDeployment:
     # ----------------------------------------------------------- lifecycle
     def __enter__(self) -> LocalDeployment:
         self.home.mkdir(parents=True, exist_ok=True)
+        self.app = stage_app(self.source, self.home / "app")
         self._write_connection()
         try:
             self.start_superlink()

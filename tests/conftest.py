@@ -12,6 +12,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.fake_data import write_image_dataset, write_text_dataset  # noqa: E402
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n 2` (README, CI): two workers on two cores. With torch's default of one
+    # intra-op thread per core, each would run two threads on a shared core and wait on
+    # the other's; one thread each keeps both cores busy without that.
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def grey_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:

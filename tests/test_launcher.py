@@ -1,0 +1,60 @@
+"""The app copy ``flwr run`` is given: the same FAB as the app folder, without the walk
+over the virtual environment and the run outputs."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import zipfile
+from pathlib import Path
+
+from flwr.cli.build import build_fab_from_disk
+
+from fedreg_app.launcher import PROJECT, stage_app
+
+
+def fab_files(fab: bytes) -> dict[str, bytes]:
+    """The FAB's members and contents (the zip's own timestamps left out)."""
+    with zipfile.ZipFile(io.BytesIO(fab)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def small_app(root: Path) -> Path:
+    """An app folder laid out like a checkout: sources, a venv, outputs, tests."""
+    app = root / "app"
+    (app / "fedreg_app").mkdir(parents=True)
+    shutil.copy(PROJECT / "pyproject.toml", app / "pyproject.toml")
+    (app / ".gitignore").write_text(".venv/\nresults/\n*.fab\n__pycache__/\n")
+    (app / "README.md").write_text("# app\n")
+    (app / "fedreg_app" / "__init__.py").write_text("")
+    (app / "fedreg_app" / "server_app.py").write_text("app = None\n")
+    (app / "configs").mkdir()
+    (app / "configs" / "grid.toml").write_text("alpha = 0.1\n")
+    (app / "docs").mkdir()
+    (app / "docs" / "figure.png").write_bytes(b"\x89PNG")  # a FAB holds no images
+    for ignored in (".venv/lib/site", "results/run", "fedreg_app/__pycache__"):
+        (app / ignored).mkdir(parents=True)
+        (app / ignored / "module.py").write_text("x = 1\n")
+        (app / ignored / "data.json").write_text("{}")
+    (app / "tests").mkdir()
+    (app / "tests" / "test_app.py").write_text("def test(): pass\n")
+    (app / "old.fab").write_bytes(b"zip")
+    return app
+
+
+def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
+    tmp_path: Path,
+) -> None:
+    app = small_app(tmp_path)
+    staged = stage_app(app, tmp_path / "home" / "app")
+    assert fab_files(build_fab_from_disk(staged)) == fab_files(build_fab_from_disk(app))
+    copied = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
+    assert copied == [
+        ".gitignore", "README.md", "configs/grid.toml", "fedreg_app/__init__.py",
+        "fedreg_app/server_app.py", "pyproject.toml", "tests/test_app.py",
+    ]  # fmt: skip
+    (app / "README.md").write_text("# changed\n")
+    (staged / "stale.py").write_text("")  # a copy is replaced whole, never merged
+    stage_app(app, staged)
+    assert (staged / "README.md").read_text() == "# changed\n"
+    assert not (staged / "stale.py").exists()
