@@ -77,12 +77,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also run the two-node Ray cluster test (starts Ray nodes; ~1 min)",
     )
+    parser.addoption(
+        "--all-simulations",
+        action="store_true",
+        help="also run every algorithm's Ray simulation, not only those CI runs (~6 min)",
+    )
 
 
 #: Opt-in markers: (marker, option that enables it, why it is skipped otherwise).
 OPT_IN = (
     ("deployment", "--deployment", "loopback deployment test: run with --deployment"),
     ("ray_cluster", "--ray-cluster", "starts a Ray cluster of its own: run with --ray-cluster"),
+    (
+        "simulation_all",
+        "--all-simulations",
+        "in process in CI (test_algorithm_runs.py, test_references.py): --all-simulations",
+    ),
 )
 
 

@@ -3,8 +3,11 @@ real ClientApp handlers through a Grid that delivers messages by calling them, a
 test replace chosen replies by crafted ones, raise in a client, or "kill the server"
 (stop it dead) after a chosen reply, as a SIGKILL would.
 
-It is not Flower's transport: what it tests is the app's own logic (checks, status,
-state, resume) with replies no honest client would send.
+It is not Flower's transport, but what crosses it does: every message, every reply
+and every node's context between messages goes through Flower's protobuf serialization,
+as in a simulation or a deployment, so a value Flower cannot carry fails here too. What
+it tests is the app's own logic (checks, status, state, resume), also with replies no
+honest client would send.
 """
 
 from __future__ import annotations
@@ -15,6 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.common.serde import (
+    context_from_proto,
+    context_to_proto,
+    message_from_proto,
+    message_to_proto,
+)
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app, server_app
@@ -33,6 +42,11 @@ HANDLERS = {
 class ServerKilled(BaseException):  # noqa: N818 - it stands for a signal, not an error
     """Raised inside the ServerApp to stop it dead, like SIGKILL: nothing after runs
     except what a killed process would not do either (tests then ignore its status)."""
+
+
+def over_the_wire(msg: Message) -> Message:
+    """The message as the other side gets it: serialized and parsed by Flower."""
+    return message_from_proto(message_to_proto(msg))
 
 
 def error_reply(msg: Message, reason: str) -> Message:
@@ -73,19 +87,23 @@ class InProcessGrid:
         for counted, msg in enumerate(messages, start=1):
             msg.metadata.__dict__["_message_id"] = msg.object_id
             ids.append(msg.metadata.message_id)
-            context = self.contexts[msg.metadata.dst_node_id]
+            node = msg.metadata.dst_node_id
+            context = self.contexts[node]
             phase = msg.metadata.message_type
             partition = int(context.node_config["partition-id"])
             server_round = int(msg.content[CONFIG][SERVER_ROUND]) if CONFIG in msg.content else 0
+            received = over_the_wire(msg)
             try:
-                reply: Message | None = HANDLERS[phase](msg, context)
+                reply: Message | None = HANDLERS[phase](received, context)
             except Exception as err:  # a client that raises: Flower replies with an error
-                reply = error_reply(msg, f"{type(err).__name__}: {err}")
+                reply = error_reply(received, f"{type(err).__name__}: {err}")
+            # the node's context is kept between messages as Flower keeps it: serialized
+            self.contexts[node] = context_from_proto(context_to_proto(context))
             fault = self.faults.get((phase, server_round, partition))
             if fault is not None:
-                reply = fault(msg, reply)
+                reply = fault(received, reply)
             if reply is not None:
-                self.waiting[msg.metadata.message_id] = reply
+                self.waiting[msg.metadata.message_id] = over_the_wire(reply)
                 self.delivered.append((phase, server_round, partition))
             if self.kill_after == (phase, server_round, counted):
                 raise ServerKilled(

@@ -20,14 +20,17 @@ import numpy as np
 import pytest
 
 from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.config import RunConfig
 from fedreg_app.data import DatasetInfo
 from fedreg_app.launcher import LocalSuperLink, descendants
 from fedreg_app.models import BASE, HEAD_G, build_model
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.records import to_record
-from fedreg_app.registry import federated_algorithm_names, load_config
-from strategies.fedavg import FedAvgStrategy
+from fedreg_app.registry import federated_algorithm_names
+from tests.algorithm_runs import (
+    as_run_config_text,
+    check_run,
+    dataset_fixture,
+    expected_sampled_clients,
+    run_config,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -48,72 +51,33 @@ def results_of(folder: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def expected_sampled_clients(seed: int, rounds: int) -> list[list[int]]:
-    """What the seeded sampler draws for 4 clients at fraction 0.5, whatever the algo."""
-    strategy = FedAvgStrategy(RunConfig(seed=seed, fraction_train=0.5))
-    strategy.set_partitions(PartitionMap(4, {p: p for p in range(4)}))
-    return [strategy.sample_partitions(0) for _ in range(rounds)]
+#: The algorithms whose run goes through Flower's Ray simulation in CI: the product, and
+#: the baselines with server state (FedDyn) and client state (Ditto), on three layouts.
+#: Every algorithm runs in process in CI (``test_algorithm_runs.py``, the same checks);
+#: ``--all-simulations`` runs each of them here too.
+SIMULATED_IN_CI = ("fedreg", "feddyn", "ditto")
 
 
-#: Where an algorithm's end-to-end run does not use the default (Fashion-MNIST/MNIST's
-#: layout with the ConvNet), the hub layout and model it runs on instead: every dataset
-#: layout and model goes through a whole ``flwr run`` this way, at no extra run's cost.
-#: (FedAvg, FedPer and FedBABU stay on the default: their bytes are checked exactly.)
-LAYOUTS = {
-    "fedprox": ("emnist_letters_like", ""),
-    "fedavg2rep": ("emnist_letters_like", "model='cnn' head-depth=1"),
-    "feddyn": ("cifar100_like", ""),
-    "ditto": ("colour_dataset", ""),
-    "fedrod": ("colour_dataset", ""),
-    "fedrep": ("tiny_imagenet_like", "model='mlp' head-depth=1"),  # small model for 64x64
-    "lg-fedavg": ("grey_dataset", "model='cnn' head-depth=1"),
-}
+def simulation_params(algos: list[str]) -> list:
+    return [
+        algo if algo in SIMULATED_IN_CI else pytest.param(algo, marks=pytest.mark.simulation_all)
+        for algo in algos
+    ]
 
 
-@pytest.mark.parametrize("algo", federated_algorithm_names())
+@pytest.mark.parametrize("algo", simulation_params(federated_algorithm_names()))
 def test_every_algorithm_runs_in_simulation(
     superlink: LocalSuperLink, request: pytest.FixtureRequest, tmp_path: Path, algo: str
 ) -> None:
-    fixture, model_keys = LAYOUTS.get(algo, ("grey_dataset", ""))
-    dataset = request.getfixturevalue(fixture)
+    dataset = request.getfixturevalue(dataset_fixture(algo))
     results_dir = tmp_path / "results"
-    eval_every = 1 if algo == "fedbabu-deviation" else 2  # it tracks every round's spread
-    log = flwr_run(
-        superlink,
-        f"algo='{algo}' dataset-path='{dataset}' results-dir='{results_dir}' {model_keys} "
-        f"num-server-rounds=3 eval-every={eval_every} local-epochs=1 fraction-train=0.5 "
-        "min-partition-size=5 personal-epochs=1 finetune-epochs=1 seed=7 "
-        "deviation-finetune-rounds=1 fedavg2rep-warmup-rounds=1",
-    )
+    log = flwr_run(superlink, as_run_config_text(run_config(algo, dataset, results_dir)))
     assert "[round   3/3]" in log, log[-3000:]
-    results = results_of(results_dir)
-    assert results["run"]["status"] == "completed"
-    assert results["config"]["algo"] == algo
-    rounds = results["rounds"]
-    assert [r["round"] for r in rounds] == [1, 2, 3]
-    # eval-every=2: rounds 2 and 3 (the last) are evaluated, round 1 is not
-    if eval_every == 2:
-        assert rounds[0]["global_accuracy"] is None and rounds[0]["personal_accuracy"] is None
-    for record in rounds[1:]:
-        assert 0.0 <= record["global_accuracy"] <= 1.0
-        assert 0.0 <= record["personal_accuracy"] <= 1.0
-        assert len(record["client_accuracies"]) == 4  # every client, not only the sampled
-        assert 0.0 <= record["personal_accuracy_sampled"] <= 1.0  # over those that trained
-        assert 2 <= record["clients_trained"] <= 4
-    assert all(r["num_train_examples"] > 0 for r in rounds)
-    # the same seed trains the same clients in the same rounds for every algorithm
-    expected = expected_sampled_clients(7, 3)
-    if algo in ("fedseq-vanilla", "fedseq-anti", "fedbabu-deviation"):
-        expected[2] = [0, 1, 2, 3]  # their final fine-tune round trains every client
-    assert [r["sampled_clients"] for r in rounds] == expected
-    best = max(r["global_accuracy"] for r in rounds[1:])
-    assert results["best_global_accuracy"] == best
-    csv_lines = (next(results_dir.glob("*/rounds.csv"))).read_text().splitlines()
-    assert csv_lines[0].startswith("round,global_accuracy,personal_accuracy")
-    assert len(csv_lines) == 4
-    check_costs(algo, rounds)
+    csv_text = next(results_dir.glob("*/rounds.csv")).read_text()
+    check_run(algo, results_of(results_dir), csv_text)
 
 
+@pytest.mark.simulation_all
 @pytest.mark.parametrize("algo", ["local", "centralised"])
 def test_the_references_run_in_simulation(
     superlink: LocalSuperLink, grey_dataset: Path, tmp_path: Path, algo: str
@@ -143,36 +107,6 @@ def test_the_references_run_in_simulation(
             r["global_accuracy"] for r in results["rounds"]
         )
         assert all(r["sampled_clients"] == [] for r in results["rounds"])
-
-
-def model_bytes(algo: str, *groups: str) -> int:
-    """Serialized bytes of the named groups of the run's model on the generated data,
-    split where the algorithm splits it (``head-depth = "auto"``)."""
-    info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
-    depth = load_config({"algo": algo}).head_depth
-    record = to_record(build_model(info, depth, 0).group_state(*groups))
-    return sum(len(array.data) for array in record.values())
-
-
-def check_costs(algo: str, rounds: list[dict]) -> None:
-    """Every round records traffic, trained parameters and client time; FedAvg, FedPer and
-    FedBABU send exactly what they should: 2 sampled clients train, all 4 evaluate in
-    round 2, and an evaluation message carries the whole global model (what the client
-    uses, plus the rest for evaluating the global model: FedPer's averaged head,
-    FedBABU's fixed head)."""
-    for record in rounds:
-        assert record["bytes_to_clients"] > 0 and record["bytes_from_clients"] > 0
-        assert record["trained_parameters"] > 0
-        assert 0 < record["client_compute_seconds"] <= record["client_handler_seconds"]
-    sent = {"fedavg": (BASE, HEAD_G), "fedper": (BASE,), "fedbabu": (BASE,)}.get(algo)
-    if sent:
-        size = model_bytes(algo, *sent)
-        assert rounds[0]["bytes_to_clients"] == 2 * size  # training only
-        whole = model_bytes(algo, BASE, HEAD_G)
-        assert rounds[1]["bytes_to_clients"] == 2 * size + 4 * whole  # train + evaluate
-        assert [r["train_bytes_to_clients"] for r in rounds] == [2 * size] * 3
-    if algo == "fedavg":
-        assert rounds[0]["bytes_from_clients"] == 2 * model_bytes(algo, BASE, HEAD_G)
 
 
 def test_bad_config_fails_before_training(
