@@ -35,23 +35,20 @@ QUIET_OFFLINE_ENV = {
 }
 
 
-#: What ``flwr build`` can put in a FAB (Flower's ``FAB_INCLUDE_PATTERNS``): staging
-#: copies only these, and Flower filters the copy again with its own rules.
-FAB_SUFFIXES = (".py", ".toml", ".md", ".yaml", ".yml", ".json", ".jsonl")
-FAB_NAMES = ("LICENSE", ".gitignore")
-
-
 def stage_app(app: Path, target: Path) -> Path:
     """A copy of the app's source files in ``target`` (replaced), for ``flwr run``.
 
     ``flwr run <app>`` resolves every file under the app folder before its ignore rules
     apply: in a checkout holding its virtual environment (.venv, ~47,000 files) that took
-    7 s of every run here. The copy leaves out what ``.gitignore`` names (the venv, the
-    results, the experiments; matched by Flower's own rules) and files a FAB cannot hold,
-    so the FAB built from it is the one ``flwr run`` would build from the app."""
+    7 s of every run here. The copy keeps what Flower's own rules would put in a FAB (its
+    include patterns, less what ``.gitignore`` names: the venv, the results, the
+    experiments) and the ``.gitignore`` itself, so the FAB built from it is the one
+    ``flwr run`` would build from the app; Flower filters the copy again as usual."""
     from flwr.cli.utils import build_pathspec, load_gitignore_patterns
+    from flwr.common.constant import FAB_INCLUDE_PATTERNS
 
     ignored = build_pathspec(load_gitignore_patterns(app / ".gitignore"))
+    included = build_pathspec(FAB_INCLUDE_PATTERNS)
     shutil.rmtree(target, ignore_errors=True)
     for folder, subfolders, files in os.walk(app):
         relative = Path(folder).relative_to(app)
@@ -59,13 +56,13 @@ def stage_app(app: Path, target: Path) -> Path:
             d for d in subfolders if not ignored.match_file(f"{(relative / d).as_posix()}/")
         ]
         for name in files:
-            source = Path(folder) / name
-            if source.is_symlink() or not (name.endswith(FAB_SUFFIXES) or name in FAB_NAMES):
-                continue
-            if ignored.match_file((relative / name).as_posix()):
-                continue
-            (target / relative).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / relative / name)
+            path = (relative / name).as_posix()
+            wanted = path == ".gitignore" or (
+                included.match_file(path) and not ignored.match_file(path)
+            )
+            if wanted and not (Path(folder) / name).is_symlink():
+                (target / relative).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(Path(folder) / name, target / relative / name)
     return target
 
 

@@ -13,9 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tests.fake_data import write_image_dataset, write_text_dataset  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # `pytest -n 2` (README, CI): two workers on two cores. With torch's default of one
-    # intra-op thread per core, each would run two threads on a shared core and wait on
-    # the other's; one thread each keeps both cores busy without that.
+    # `pytest -n 2` (README: optional, not what CI runs): two workers on two cores. With
+    # torch's default of one intra-op thread per core, each would run two threads on a
+    # shared core and wait on the other's; one thread each keeps both cores busy.
     import torch
 
     torch.set_num_threads(1)
@@ -80,7 +80,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--all-simulations",
         action="store_true",
-        help="also run every algorithm's Ray simulation, not only those CI runs (~6 min)",
+        help="also run every algorithm's Ray simulation, not only those CI runs (14 runs)",
     )
 
 

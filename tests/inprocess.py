@@ -5,7 +5,7 @@ test replace chosen replies by crafted ones, raise in a client, or "kill the ser
 
 It is not Flower's transport, but what crosses it does: every message, every reply
 and every node's context between messages goes through Flower's protobuf serialization,
-as in a simulation or a deployment, so a value Flower cannot carry fails here too. What
+as in a deployment, so a value Flower cannot carry fails here too. What
 it tests is the app's own logic (checks, status, state, resume), also with replies no
 honest client would send.
 """
