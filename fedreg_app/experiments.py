@@ -59,7 +59,7 @@ from typing import Any
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
 from fedreg_app.config import ConfigError
 from fedreg_app.launcher import LocalSuperLink, toml_value
-from fedreg_app.metrics import first_line, mark_stopped
+from fedreg_app.metrics import FAILED, first_line, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
 from fedreg_app.persist import save_json
 from fedreg_app.registry import get_algorithm, load_config
@@ -162,7 +162,7 @@ class RunSpec:
             try:
                 documents.append((path, json.loads(path.read_text())))
             except (OSError, json.JSONDecodeError) as err:
-                documents.append((path, {"run": {"status": "failed", "error": str(err)}}))
+                documents.append((path, {"run": {"status": FAILED, "error": str(err)}}))
         return documents
 
     def finished_results(self) -> dict[str, Any] | None:
@@ -319,7 +319,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         return _damaged(folder, f"results.json is unreadable ({err})", restart_damaged)
     if status in FINISHED:
         return Attempt()
-    if status == "failed" and not read_marker(folder).get("stopped"):
+    if status == FAILED and not read_marker(folder).get("stopped"):
         error = first_line(str(document.get("run", {}).get("error", "")))
         return Attempt(note=f"{folder} failed ({error}); starting the run anew")
     try:

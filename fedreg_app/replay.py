@@ -18,6 +18,11 @@ stopped by SIGINT / SIGTERM.
 
     fedreg-replay results/.../seed0/results.json --rounds 3 \\
         --set dataset-path=/path/to/fashion_mnist
+
+``--against OTHER`` compares two recorded runs of the same config without running
+anything (a rerun on another machine, a resumed run and an uninterrupted one), over the
+rounds both record or the first ``--rounds``; configs that differ in anything but where
+they read and wrote are refused, by key.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ COMPARED = (*ACCURACIES, "sampled_clients", "num_train_examples")
 #: Keys ``--set`` may change: where the same inputs lie on this machine, nothing else
 #: (any other key would make the replay a different run).
 SETTABLE = ("dataset-path", "init-model")
+#: Keys two runs of the same config may differ in: where they read and wrote.
+LOCATIONS = (*SETTABLE, "results-dir", "state-dir", "resume")
 EXIT_DIFFERENT = 1
 MAX_ROWS = 40  # difference rows printed; the rest are counted
 
@@ -118,6 +125,28 @@ def check_rounds(recording: Recording, rounds: int) -> None:
             f"--rounds={rounds} is not allowed: expected 1..{recorded}, the rounds "
             f"{recording.path} records (of num-server-rounds={planned})"
         )
+
+
+def check_same_run(first: Recording, second: Recording) -> list[str]:
+    """Two recordings compared with ``--against`` must be runs of one config: a key both
+    record with different values (other than :data:`LOCATIONS`) or another number of
+    clients raises :class:`ConfigError` naming them. Returns notes on keys only one
+    records (it ran with that version's default)."""
+    if first.num_clients != second.num_clients:
+        raise ConfigError(
+            f"run.num_clients differs: {first.num_clients} in {first.path}, "
+            f"{second.num_clients} in {second.path}; not runs of the same config"
+        )
+    both = (set(first.config) & set(second.config)) - set(LOCATIONS)
+    differing = sorted(k for k in both if not _same(first.config[k], second.config[k]))
+    if differing:
+        shown = "; ".join(f"{k}={first.config[k]!r} vs {second.config[k]!r}" for k in differing)
+        raise ConfigError(f"the two runs' configs differ ({shown}); not runs of the same config")
+    return [
+        f"{key} is recorded only in {where.path} ({where.config[key]!r})"
+        for where, other in ((first, second), (second, first))
+        for key in sorted(set(where.config) - set(other.config) - set(LOCATIONS))
+    ]
 
 
 def replay_config(
@@ -228,12 +257,12 @@ def _show(value: Any) -> str:
 
 
 def round_table(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]],
-                rounds: int) -> str:  # fmt: skip
+                rounds: int, names: tuple[str, str] = ("recorded", "replayed")) -> str:  # fmt: skip
     """One line per round: the headline accuracies of both runs and whether it agrees."""
     theirs = {r.get("round"): r for r in replayed}
+    a, b = names
     lines = [
-        "| round | global recorded | global replayed | personal recorded | personal replayed "
-        "| same |",
+        f"| round | global {a} | global {b} | personal {a} | personal {b} | same |",
         "|---|---|---|---|---|---|",
     ]
     for record in recorded[:rounds]:
@@ -247,8 +276,9 @@ def round_table(recorded: list[dict[str, Any]], replayed: list[dict[str, Any]],
     return "\n".join(lines)
 
 
-def difference_table(differences: list[Difference]) -> str:
-    lines = ["| round | field | recorded | replayed | abs diff |", "|---|---|---|---|---|"]
+def difference_table(differences: list[Difference],
+                     names: tuple[str, str] = ("recorded", "replayed")) -> str:  # fmt: skip
+    lines = [f"| round | field | {names[0]} | {names[1]} | abs diff |", "|---|---|---|---|---|"]
     for d in differences[:MAX_ROWS]:
         diff = "" if d.abs_diff is None else f"{d.abs_diff:.6g}"
         lines.append(f"| {d.round} | {d.field} | {_show(d.recorded)} | {_show(d.replayed)} "
@@ -320,14 +350,23 @@ def main(argv: list[str] | None = None) -> int:
         "file; 130/143 stopped by SIGINT/SIGTERM.",
     )
     parser.add_argument("results", type=Path, help="a run's results.json (or its folder)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds to replay (default 3)")
+    parser.add_argument("--rounds", type=int,
+                        help="rounds to replay (default 3); with --against, rounds to "
+                        "compare (default: every round both record)")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="where an input lies on this machine: "
                         + ", ".join(SETTABLE))  # fmt: skip
     parser.add_argument("--out", type=Path,
                         help="folder for the replay (default: a temporary one, removed "
                         "when the rounds are identical)")  # fmt: skip
+    parser.add_argument("--against", type=Path, metavar="OTHER",
+                        help="another recorded run of the same config (results.json or "
+                        "its folder): compare the two, run nothing")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.against is not None:
+        return compare_recordings(parser, args)
+    if args.rounds is None:
+        args.rounds = 3
     declared = declared_run_config()
     try:
         recording = read_recording(args.results)
@@ -358,6 +397,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replay: {stop.reason}; the replay is in {folder}", file=sys.stderr)
         return stop.exit_code
     return report(recording, replayed, run, args.rounds, folder, keep=args.out is not None)
+
+
+def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--against``: the rounds of two recorded runs of one config, compared as a replay
+    is (the first file plays the recorded run, ``OTHER`` the replayed one)."""
+    try:
+        if args.set or args.out is not None:
+            raise ConfigError("--against compares two recorded runs; --set and --out do "
+                              "not apply (nothing is run)")  # fmt: skip
+        first, second = read_recording(args.results), read_recording(args.against)
+        notes = check_same_run(first, second)
+        empty = [r.path for r in (first, second) if not r.rounds]
+        if empty:
+            raise ConfigError(f"{empty[0]} records no round yet; nothing to compare")
+        rounds = args.rounds or min(len(first.rounds), len(second.rounds))
+        check_rounds(first, rounds)
+        check_rounds(second, rounds)
+    except (ConfigError, OSError) as err:
+        parser.error(str(err))
+    for note in notes:
+        print(f"replay: note: {note}", flush=True)
+    print(f"replay: rounds 1..{rounds} of {first.path} against {second.path}", flush=True)
+    differences = compare_rounds(first.rounds, second.rounds, rounds)
+    names = ("first", "other")
+    print(round_table(first.rounds, second.rounds, rounds, names))
+    if differences:
+        print(difference_table(differences, names))
+    print(summary_line(rounds, differences, max_abs_diff(differences), first.path)
+          + f" against={second.path}", flush=True)  # fmt: skip
+    return EXIT_DIFFERENT if differences else 0
 
 
 def report(recording: Recording, replayed: list[dict[str, Any]], run: dict[str, Any],

@@ -202,3 +202,76 @@ def test_recording_is_read_from_a_run_folder(tmp_path: Path) -> None:
     recording = read_recording(tmp_path)
     assert isinstance(recording, Recording) and recording.path == path.resolve()
     assert recording.num_clients == 4 and len(recording.rounds) == 3
+
+
+# ------------------------------------------------------------ --against
+def second_file(tmp_path: Path, rounds: int = 3, **config: Any) -> Path:
+    folder = tmp_path / "other"
+    folder.mkdir()
+    return results_file(folder, rounds=rounds, **config)
+
+
+def test_against_compares_every_round_both_record_without_running(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Two recordings of one config, the second longer and written elsewhere: the rounds
+    both hold are compared, nothing is run, exit 0 with the summary line."""
+    monkeypatch.setattr(replay, "run_until_round", lambda *_: pytest.fail("ran something"))
+    first = results_file(tmp_path, rounds=3, **{"results-dir": "/a", "state-dir": "/a/s"})
+    other = second_file(tmp_path, rounds=5, **{"results-dir": "/b", "resume": "/b/run"})
+    assert main([str(first), "--against", str(other.parent)]) == 0
+    printed = capsys.readouterr().out
+    assert "| round | global first | global other |" in printed
+    assert printed.count("| yes |") == 3
+    assert printed.rstrip().endswith(
+        f"replay: rounds=3 identical=true max_abs_diff=0 source={first.resolve()} "
+        f"against={other.resolve()}"
+    )
+
+
+def test_against_names_the_round_and_field_that_differ(tmp_path: Path, capsys) -> None:
+    first = results_file(tmp_path, rounds=3)
+    other = second_file(tmp_path, rounds=3)
+    document = json.loads(other.read_text())
+    document["rounds"][2]["client_accuracies"]["10"] = 0.25
+    other.write_text(json.dumps(document))
+    assert main([str(first), "--against", str(other), "--rounds", "3"]) == 1
+    printed = capsys.readouterr().out
+    assert "| 3 | client_accuracies[10] | 0.6 | 0.25 | 0.35 |" in printed
+    assert "identical=false max_abs_diff=0.35 differing_rounds=3 " in printed
+    assert main([str(first), "--against", str(other), "--rounds", "2"]) == 0
+
+
+def test_against_refuses_runs_of_different_configs_by_key(tmp_path: Path, capsys) -> None:
+    first = results_file(tmp_path, seed=0, lr=0.01)
+    other = second_file(tmp_path, seed=1, lr=0.01)
+    err = error_of([str(first), "--against", str(other)], capsys)
+    assert "configs differ (seed=0 vs 1)" in err and "lr" not in err
+
+
+def test_against_refuses_another_number_of_clients_set_and_out(tmp_path: Path, capsys) -> None:
+    first = results_file(tmp_path)
+    other = second_file(tmp_path)
+    document = json.loads(other.read_text())
+    document["run"]["num_clients"] = 5
+    other.write_text(json.dumps(document))
+    err = error_of([str(first), "--against", str(other)], capsys)
+    assert "run.num_clients differs: 4 in" in err
+    for extra in (["--set", "dataset-path=/x"], ["--out", str(tmp_path / "o")]):
+        err = error_of([str(first), "--against", str(first), *extra], capsys)
+        assert "--set and --out do not apply" in err
+
+
+def test_against_notes_keys_only_one_run_records(tmp_path: Path, capsys) -> None:
+    first = results_file(tmp_path, **{"eval-batch-size": 256})
+    other = second_file(tmp_path)
+    assert main([str(first), "--against", str(other)]) == 0
+    assert f"replay: note: eval-batch-size is recorded only in {first.resolve()} (256)" in (
+        capsys.readouterr().out
+    )
+    err = error_of([str(first), "--against", str(other), "--rounds", "4"], capsys)
+    assert "--rounds=4 is not allowed: expected 1..3" in err
+    (tmp_path / "empty").mkdir()
+    empty = results_file(tmp_path / "empty", rounds=0)
+    err = error_of([str(first), "--against", str(empty)], capsys)
+    assert f"{empty.resolve()} records no round yet" in err
