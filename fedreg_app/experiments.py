@@ -51,7 +51,7 @@ import tempfile
 import textwrap
 import time
 import tomllib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,9 @@ from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.reports import (
     DEGRADED,
     FINISHED,
+    PAPER_TABLE,
     RUNNING,
+    PaperCells,
     footnotes,
     marked,
     mean_std,
@@ -95,6 +97,7 @@ class Experiment:
     grid: dict[str, list[Any]]
     run_config: dict[str, Any]
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    paper: PaperCells | None = None  # the published figures, reported beside ours
 
     @classmethod
     def load(cls, path: Path, declared: dict[str, Any]) -> Experiment:
@@ -103,14 +106,17 @@ class Experiment:
         variant_keys = {k for v in meta.get("variants", {}).values() for k in v}
         used = set(document) | set(meta.get("grid", {})) | variant_keys
         check_declared(used, declared, f"run config (in {path})")
+        name = str(meta.get("name", path.stem))
+        paper = meta.get(PAPER_TABLE)
         experiment = cls(
-            name=str(meta.get("name", path.stem)),
+            name=name,
             clients=int(meta.get("clients", 20)),
             algos=tuple(meta.get("algos", [document.get("algo", declared["algo"])])),
             seeds=int(meta.get("seeds", 1)),
             grid={k: list(v) for k, v in meta.get("grid", {}).items()},
             run_config=document,
             variants={str(k): dict(v) for k, v in meta.get("variants", {}).items()},
+            paper=None if paper is None else PaperCells.from_table(name, paper, str(path)),
         )
         if experiment.clients < 1 or experiment.seeds < 1:
             raise ConfigError(f"{path}: [experiment] clients and seeds must be >= 1")
@@ -746,10 +752,10 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         return stop.exit_code
-    return finish(specs, args.out)
+    return finish(specs, args.out, [e.paper for e in experiments if e.paper])
 
 
-def finish(specs: list[RunSpec], out: Path) -> int:
+def finish(specs: list[RunSpec], out: Path, papers: Sequence[PaperCells] = ()) -> int:
     """Summary table and report over the finished runs, then the failed ones by name:
     exit status 1 if any run has no finished results, so that scripts and CI notice."""
     table = markdown_table(summarize(specs))
@@ -757,7 +763,7 @@ def finish(specs: list[RunSpec], out: Path) -> int:
     (out / "summary.md").write_text(table + "\n")
     print(table)
     if any(s.result is not None for s in specs):
-        for path in write_report(out, out / "report"):
+        for path in write_report(out, out / "report", papers=papers):
             print(f"wrote {path}")
     if any(s.result is None for s in specs):
         print(failure_report(specs), file=sys.stderr)

@@ -18,10 +18,13 @@ had every client's reply, its P is the figure over the clients that answered, ma
 report says how many and why; ``--unfinished`` keeps a seed's unfinished run (status
 ``running``: interrupted, stopped by ``--max-minutes``, or still going) when it has no
 finished one, with its best figures over the rounds done so far marked ``§`` and its
-rounds done listed under the table. ``--personal sampled`` shows, in the P columns and the
-personal curves, the personal accuracy over the clients that had trained at least once
-(``personal_accuracy_sampled``) instead of the all-client figure (the default: the
-sources evaluate every client, trained or not). Plots:
+rounds done listed under the table. ``--paper CONFIG`` adds, for the experiment of a
+config file with an ``[experiment.paper]`` table, our G and P beside the published ones
+and the differences in points (the runner does so for its own config files).
+``--personal sampled`` shows, in the P columns and the personal curves, the personal
+accuracy over the clients that had trained at least once (``personal_accuracy_sampled``)
+instead of the all-client figure (the default: the sources evaluate every client, trained
+or not). Plots:
 
 * ``<experiment>_accuracy.png`` - global and personal accuracy per round for each cell,
   mean over seeds with a band of one standard deviation;
@@ -39,6 +42,7 @@ import json
 import math
 import statistics
 import sys
+import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,6 +341,114 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
     return table if personal == "all" else f"{table}\n\n{SAMPLED_NOTE}"
 
 
+# ------------------------------------------------------------ the paper's cells
+#: Where a config file keeps the published figures its runs reproduce.
+PAPER_TABLE = "paper"
+PAPER_FIGURES = ("G", "P")
+
+
+@dataclass(frozen=True)
+class PaperCells:
+    """The published G and P (percent) of an experiment's cells, from its config file's
+    ``[experiment.paper]`` table: ``source = "..."`` and one ``cell = { G = .., P = .. }``
+    per cell (a cell is an algorithm, or the report's cell name of a variant)."""
+
+    experiment: str
+    source: str
+    cells: dict[str, dict[str, float]]
+
+    @classmethod
+    def from_table(cls, experiment: str, table: Any, where: str) -> PaperCells:
+        """Checked: ``source`` a string, each cell a table of G and/or P in [0, 100];
+        :class:`ConfigError` names the file and the key otherwise."""
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: [experiment.{PAPER_TABLE}] must be a table")
+        source = table.get("source")
+        if not isinstance(source, str) or not source.strip():
+            raise ConfigError(f"{where}: [experiment.{PAPER_TABLE}] source must name where "
+                              "the figures come from (a non-empty string)")  # fmt: skip
+        cells: dict[str, dict[str, float]] = {}
+        for cell, figures in table.items():
+            if cell == "source":
+                continue
+            key = f"{where}: experiment.{PAPER_TABLE}.{cell}"
+            if not isinstance(figures, dict) or not figures:
+                raise ConfigError(f"{key} must be a table like {{ G = 84.27, P = 84.27 }}")
+            unknown = sorted(set(figures) - set(PAPER_FIGURES))
+            if unknown:
+                raise ConfigError(f"{key}: unknown figure(s) {', '.join(unknown)}; allowed: "
+                                  + ", ".join(PAPER_FIGURES))  # fmt: skip
+            for name, value in figures.items():
+                number = isinstance(value, int | float) and not isinstance(value, bool)
+                if not number or not 0 <= value <= 100:
+                    raise ConfigError(f"{key}.{name}={value!r}: expected a percentage in [0, 100]")
+            cells[str(cell)] = {name: float(value) for name, value in figures.items()}
+        return cls(experiment, source.strip(), cells)
+
+
+def read_paper_cells(path: Path) -> PaperCells:
+    """The ``[experiment.paper]`` table of a config file (``ConfigError`` if it has none)."""
+    try:
+        meta = tomllib.loads(path.read_text()).get("experiment", {})
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: is not TOML ({err})") from None
+    if PAPER_TABLE not in meta:
+        raise ConfigError(f"{path}: has no [experiment.{PAPER_TABLE}] table of published figures")
+    return PaperCells.from_table(str(meta.get("name", path.stem)), meta[PAPER_TABLE], str(path))
+
+
+def _points(ours: Sequence[float], published: float | None) -> str:
+    """Our mean minus the published figure, in percentage points, signed."""
+    if not ours or published is None:
+        return "–"
+    return f"{100 * statistics.fmean(ours) - published:+.2f}"
+
+
+def _published(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def paper_comparison(results: Sequence[RunResult], paper: PaperCells,
+                     personal: str = "all") -> str:  # fmt: skip
+    """Our G and P (mean ± std over seeds, marked as in :func:`paper_table`) beside the
+    published ones and the differences in points, for one experiment: the paper's cells
+    in its order (a cell not run shows ``–``), then cells the paper does not have."""
+    runs = [r for r in results if r.experiment == paper.experiment]
+    groups = by_key(runs, lambda r: r.cell)
+    p = "P" if personal == "all" else f"P {personal}"
+    header = ["cell", "G", "paper G", "G − paper", p, "paper P", "P − paper", "seeds"]
+    lines = [
+        f"{paper.experiment} against {paper.source} (percent; differences in points, our "
+        "mean minus the published figure)",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for cell in [*paper.cells, *(c for c in groups if c not in paper.cells)]:
+        cell_runs = groups.get(cell, [])
+        published = paper.cells.get(cell, {})
+        degraded = any(r.degraded for r in cell_runs)
+        running = any(r.unfinished for r in cell_runs)
+        globals_ = [r.best_global for r in cell_runs if r.best_global is not None]
+        figures = [personal_figure(r.document, personal) for r in cell_runs]
+        figures = [f for f in figures if f[0] is not None]
+        personals = [f for f, _ in figures]
+        answered = any(a for _, a in figures)
+        lines.append("| " + " | ".join([
+            cell.replace(CELL_SEPARATOR, " "),
+            marked(mean_std(globals_), degraded, unfinished=running),
+            _published(published.get("G")),
+            _points(globals_, published.get("G")),
+            marked(mean_std(personals), degraded, answered, running),
+            _published(published.get("P")),
+            _points(personals, published.get("P")),
+            str(len(cell_runs)),
+        ]) + " |")  # fmt: skip
+    return footnotes("\n".join(lines))
+
+
 def cost_table(results: Sequence[RunResult]) -> str:
     """Per cell (mean over seeds): traffic both ways, parameters trained and seconds per
     round; what the FedSeq paper compares and what an edge deployment pays. A cell with
@@ -514,7 +626,11 @@ def _save(figure: Any, path: Path) -> Path:
 
 # --------------------------------------------------------------------- reports
 def write_report(
-    root: Path, out: Path, personal: str = "all", unfinished: bool = False
+    root: Path,
+    out: Path,
+    personal: str = "all",
+    unfinished: bool = False,
+    papers: Sequence[PaperCells] = (),
 ) -> list[Path]:
     """Tables and plots for every finished run (completed or degraded) under ``root``; the
     table says which seed folders were left out and why. ``personal`` picks the personal
@@ -532,7 +648,9 @@ def write_report(
     written = [out / "table.md", out / "costs.md"]
     table = paper_table(results, personal)
     progress = collection.unfinished_note()
-    written[0].write_text("\n\n".join(filter(None, [table, progress, skipped])) + "\n")
+    compared = [paper_comparison(results, paper, personal) for paper in papers]
+    parts = [table, *compared, progress, skipped]
+    written[0].write_text("\n\n".join(filter(None, parts)) + "\n")
     written[1].write_text(cost_table(results) + "\n")
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
@@ -598,11 +716,17 @@ def main(argv: list[str] | None = None) -> int:
         help="also report a seed's unfinished run (interrupted, stopped or still going) when "
         "it has no finished one: best figures over the rounds done, marked",
     )  # fmt: skip
+    parser.add_argument(
+        "--paper", action="append", default=[], type=Path, metavar="CONFIG",
+        help="a config file with an [experiment.paper] table (e.g. configs/table2_fmnist.toml): "
+        "the table also shows the published figures beside ours (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
+        papers = [read_paper_cells(path) for path in args.paper]
         out = args.out or args.root / "report"
-        written = write_report(args.root, out, args.personal, args.unfinished)
-    except FileNotFoundError as err:
+        written = write_report(args.root, out, args.personal, args.unfinished, papers)
+    except (FileNotFoundError, ConfigError) as err:
         parser.error(str(err))
     print(written[0].read_text())
     for path in written:

@@ -305,7 +305,11 @@ class FakeSuperLink:
 def test_runner_reruns_failed_runs_lists_them_and_exits_non_zero(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    config = write(tmp_path / "t2.toml", "[experiment]\nname = 't2'\nseeds = 4\n")
+    config = write(
+        tmp_path / "t2.toml",
+        "[experiment]\nname = 't2'\nseeds = 4\n"
+        "[experiment.paper]\nsource = 'paper X'\nfedreg = { G = 40.0, P = 80.0 }\n",
+    )
     out = tmp_path / "out"
     completed, degraded, failed, missing = plan(
         [Experiment.load(config, DECLARED)], out, DECLARED, {}
@@ -324,6 +328,8 @@ def test_runner_reruns_failed_runs_lists_them_and_exits_non_zero(
     assert "| 50.00 ± 0.00† | 70.00 ± 0.00†‡ | 2/4 (1 degraded) |" in printed.out
     assert DEGRADED_NOTE in (out / "summary.md").read_text()
     assert "wrote" in printed.out and (out / "report" / "table.md").is_file()
+    beside = "| fedreg | 50.00 ± 0.00† | 40.00 | +10.00 | 70.00 ± 0.00†‡ | 80.00 | -10.00 | 2 |"
+    assert beside in (out / "report" / "table.md").read_text()  # the file's [experiment.paper]
     report = printed.err[printed.err.index("2 of 4 runs failed") :]
     assert f"{failed.describe()}: {failed.folder / '20250103-000000_run3'} (failed)" in report
     assert "error: RuntimeError: CUDA out of memory" in report

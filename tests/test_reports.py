@@ -12,6 +12,8 @@ import pytest
 from PIL import Image
 
 import fedreg_app
+from fedreg_app.config import ConfigError
+from fedreg_app.experiments import Experiment
 from fedreg_app.overrides import declared_run_config
 from fedreg_app.reports import (
     ANSWERED_NOTE,
@@ -22,7 +24,9 @@ from fedreg_app.reports import (
     collect,
     cost_table,
     main,
+    paper_comparison,
     paper_table,
+    read_paper_cells,
     rebalanced_counts,
     scan,
     write_report,
@@ -315,3 +319,86 @@ def test_a_run_the_runner_stopped_reads_as_stopped_not_running(tmp_path: Path) -
     note = collection.unfinished_note()
     assert "- t/fedreg/seed0: 3/5, stopped (stopped by --max-minutes; resumable)" in note
     assert "- t/fedavg/seed0: 3/5, running (in progress when written, or killed" in note
+
+
+# --------------------------------------------------------- the paper's cells
+def paper_config(tmp_path: Path, paper: str, name: str = "t") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'[experiment]\nname = "{name}"\n\n[experiment.paper]\n{paper}\n')
+    return path
+
+
+def test_our_figures_stand_beside_the_papers_with_the_difference_in_points(
+    tmp_path: Path,
+) -> None:
+    """Two seeds averaged, minus the published figure; the paper's cells in its order
+    (one not run shows –), then a cell the paper lacks; an unfinished run stays marked."""
+    fake_run(tmp_path, "t", "fedreg", 0, globals_=(0.5, 0.80, 0.6), personals=(0.9, 0.95, 0.9))
+    fake_run(tmp_path, "t", "fedreg", 1, globals_=(0.5, 0.84, 0.6), personals=(0.9, 0.97, 0.9))
+    fake_run(tmp_path, "t", "fedavg", 0, run="", status="running", globals_=(0.5, 0.7, 0.6))
+    fake_run(tmp_path, "t", "lgfedavg", 0)
+    fake_run(tmp_path, "other", "fedreg", 0)
+    paper = read_paper_cells(paper_config(tmp_path, (
+        'source = "paper X, Table 2"\n'
+        "fedavg = { G = 84.27, P = 84.27 }\nditto = { P = 96.53 }\n"
+        "fedreg = { G = 88.35, P = 97.52 }"
+    )))  # fmt: skip
+    table = paper_comparison(scan(tmp_path, unfinished=True).results, paper).splitlines()
+    assert table[0].startswith("t against paper X, Table 2 (percent; differences in points")
+    assert table[2] == "| cell | G | paper G | G − paper | P | paper P | P − paper | seeds |"
+    assert table[4:8] == [
+        "| fedavg | 70.00§ | 84.27 | -14.27 | 90.00§ | 84.27 | +5.73 | 1 |",
+        "| ditto | – | – | – | – | 96.53 | – | 0 |",
+        "| fedreg | 82.00 ± 2.83 | 88.35 | -6.35 | 96.00 ± 1.41 | 97.52 | -1.52 | 2 |",
+        "| lgfedavg | 70.00 | – | – | 90.00 | – | – | 1 |",
+    ]
+    assert table[-1] == UNFINISHED_NOTE
+
+
+@pytest.mark.parametrize(
+    ("paper", "named"),
+    [
+        ("fedavg = { G = 84.27 }", "source must name where the figures come from"),
+        ('source = "x"\nfedavg = 84.27', "experiment.paper.fedavg must be a table like"),
+        ('source = "x"\nfedavg = { G = 84.27, Q = 1.0 }', "fedavg: unknown figure(s) Q"),
+        ('source = "x"\nfedavg = { P = 184.27 }', "fedavg.P=184.27: expected a percentage"),
+        ('source = "x"\nfedavg = { P = "84" }', "fedavg.P='84': expected a percentage"),
+    ],
+)
+def test_a_bad_paper_table_is_refused_naming_file_and_key(
+    tmp_path: Path, paper: str, named: str
+) -> None:
+    path = paper_config(tmp_path, paper)
+    with pytest.raises(ConfigError) as refused:
+        read_paper_cells(path)
+    assert str(path) in str(refused.value) and named in str(refused.value)
+
+
+def test_report_cli_adds_the_paper_and_refuses_a_config_without_one(tmp_path: Path, capsys) -> None:
+    fake_run(tmp_path / "runs", "t", "fedreg", 0)
+    good = paper_config(tmp_path, 'source = "paper X"\nfedreg = { G = 60.0, P = 80.0 }')
+    out = tmp_path / "report"
+    assert main([str(tmp_path / "runs"), "--paper", str(good), "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    assert "| fedreg | 70.00 | 60.00 | +10.00 | 90.00 | 80.00 | +10.00 | 1 |" in table
+    (tmp_path / "none.toml").write_text('[experiment]\nname = "t"\n')
+    with pytest.raises(SystemExit) as exited:
+        main([str(tmp_path / "runs"), "--paper", str(tmp_path / "none.toml")])
+    assert exited.value.code == 2
+    assert "none.toml: has no [experiment.paper] table" in capsys.readouterr().err
+
+
+def test_every_table_2_config_carries_the_papers_table_2_column() -> None:
+    """The four Table 2 files (and the scaled FMNIST one) hold the paper's ten cells of
+    their dataset, for exactly the algorithms they run; spot-checked against the paper."""
+    declared = declared_run_config()
+    configs = Path(fedreg_app.__file__).parent.parent / "configs"
+    expected = {"fmnist": (88.35, 97.52), "cifar10": (58.12, 87.59),
+                "cifar100": (24.73, 50.26), "emnist": (84.99, 95.84)}  # fmt: skip
+    for dataset, fedreg in expected.items():
+        for name in (f"table2_{dataset}", *(["table2_fmnist_cpu"] if dataset == "fmnist" else [])):
+            experiment = Experiment.load(configs / f"{name}.toml", declared)
+            assert experiment.paper is not None and experiment.paper.experiment == name
+            assert list(experiment.paper.cells) == list(experiment.algos)
+            assert (experiment.paper.cells["fedreg"]["G"], experiment.paper.cells["fedreg"]["P"]) \
+                == fedreg  # fmt: skip
