@@ -13,7 +13,7 @@ from PIL import Image
 
 import fedreg_app
 from fedreg_app.config import ConfigError
-from fedreg_app.experiments import Experiment
+from fedreg_app.experiments import Experiment, cell_id
 from fedreg_app.overrides import declared_run_config
 from fedreg_app.reports import (
     ANSWERED_NOTE,
@@ -388,17 +388,33 @@ def test_report_cli_adds_the_paper_and_refuses_a_config_without_one(tmp_path: Pa
     assert "none.toml: has no [experiment.paper] table" in capsys.readouterr().err
 
 
-def test_every_table_2_config_carries_the_papers_table_2_column() -> None:
-    """The four Table 2 files (and the scaled FMNIST one) hold the paper's ten cells of
-    their dataset, for exactly the algorithms they run; spot-checked against the paper."""
+def test_every_papers_table_has_its_published_cells_in_its_config() -> None:
+    """Each config of a paper table (1 to 6) holds that table's cells, keyed by the cells
+    it runs (so every published figure meets one of ours), spot-checked against the
+    paper; a Table 2 file holds exactly its ten algorithms."""
     declared = declared_run_config()
     configs = Path(fedreg_app.__file__).parent.parent / "configs"
-    expected = {"fmnist": (88.35, 97.52), "cifar10": (58.12, 87.59),
-                "cifar100": (24.73, 50.26), "emnist": (84.99, 95.84)}  # fmt: skip
-    for dataset, fedreg in expected.items():
-        for name in (f"table2_{dataset}", *(["table2_fmnist_cpu"] if dataset == "fmnist" else [])):
-            experiment = Experiment.load(configs / f"{name}.toml", declared)
-            assert experiment.paper is not None and experiment.paper.experiment == name
-            assert list(experiment.paper.cells) == list(experiment.algos)
-            assert (experiment.paper.cells["fedreg"]["G"], experiment.paper.cells["fedreg"]["P"]) \
-                == fedreg  # fmt: skip
+    spot = {
+        "table1_augment_threshold": ("fedreg__augment-simple__threshold-mean", 60.40, 90.25),
+        "table2_fmnist": ("fedreg", 88.35, 97.52),
+        "table2_fmnist_cpu": ("fedreg", 88.35, 97.52),
+        "table2_cifar10": ("fedreg", 58.12, 87.59),
+        "table2_cifar100": ("fedreg", 24.73, 50.26),
+        "table2_emnist": ("fedreg", 84.99, 95.84),
+        **{f"table3_clients{n}": ("fedreg", g, p) for n, g, p in [
+            (30, 60.50, 88.45), (50, 58.12, 87.59), (100, 57.70, 89.20),
+            (200, 55.91, 88.90), (500, 54.42, 87.77)]},
+        "table4_cifar10": ("fedreg__alpha-0.5", 62.15, 74.06),
+        "table4_fmnist": ("fedreg__alpha-0.1", 88.21, 97.58),
+        "table5_ablation": ("fedreg__variant-d", 55.04, None),
+        "table6_testbed": ("fedreg", 86.12, 98.25),
+    }  # fmt: skip
+    for name, (cell, g, p) in spot.items():
+        experiment = Experiment.load(configs / f"{name}.toml", declared)
+        assert experiment.paper is not None, name
+        assert experiment.paper.experiment == experiment.name
+        run = [cell_id(c) for c in experiment.cells()]
+        assert set(experiment.paper.cells) <= set(run), name
+        assert experiment.paper.cells[cell] == {"G": g, **({"P": p} if p else {})}, name
+        if name.startswith("table2"):
+            assert list(experiment.paper.cells) == list(experiment.algos) == run
