@@ -496,13 +496,18 @@ def _mean_band(
 
 
 def plot_accuracy_curves(
-    results: Sequence[RunResult], title: str, path: Path, personal: str = "all"
+    results: Sequence[RunResult],
+    title: str,
+    path: Path,
+    personal: str = "all",
+    paper: PaperCells | None = None,
 ) -> Path:
     """Global (left) and personal (right) accuracy per round, one line per cell, mean over
     seeds with a +-1 std band. In a degraded run's rounds with missing replies, the
     personal curve shows the accuracy over the clients that answered; such cells are
     labelled ``†`` and a note under the figure says so. ``personal="sampled"``: the
-    personal curve is over the clients that had trained by each round."""
+    personal curve is over the clients that had trained by each round. With ``paper``,
+    each cell's published G and P are dashed lines in the cell's colour."""
     personal_metric = "personal_accuracy" + ("" if personal == "all" else f"_{personal}")
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     cells = by_key(results, lambda r: r.cell)
@@ -523,6 +528,11 @@ def plot_accuracy_curves(
             axis.plot(rounds, mean, marker="o", markersize=3, color=colour, label=label,
                       linewidth=width)  # fmt: skip
             axis.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
+            published = (paper.cells.get(cell, {}) if paper else {}).get(
+                "G" if metric == "global_accuracy" else "P"
+            )
+            if published is not None:
+                axis.axhline(published, color=colour, linestyle="--", linewidth=1, alpha=0.8)
     personal_name = "personal models" + ("" if personal == "all" else " (trained clients)")
     for axis, name in zip(axes, ("global model", personal_name), strict=True):
         axis.set_title(f"{name}: accuracy per round")
@@ -538,6 +548,9 @@ def plot_accuracy_curves(
     if any(r.unfinished for r in results):
         figure.text(0.99, -0.02, f"{UNFINISHED_MARK} unfinished runs: rounds done/configured "
                     "in the legend", fontsize=8, ha="right", va="top")  # fmt: skip
+    if paper is not None:
+        figure.text(0.5, -0.06, f"dashed: {paper.source} (best G and P)", fontsize=8,
+                    ha="center", va="top")  # fmt: skip
     figure.suptitle(title)
     return _save(figure, path)
 
@@ -652,10 +665,11 @@ def write_report(
     parts = [table, *compared, progress, skipped]
     written[0].write_text("\n\n".join(filter(None, parts)) + "\n")
     written[1].write_text(cost_table(results) + "\n")
+    published = {paper.experiment: paper for paper in papers}
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
         path = out / f"{experiment}_accuracy.png"
-        written.append(plot_accuracy_curves(runs, title, path, personal))
+        written.append(plot_accuracy_curves(runs, title, path, personal, published.get(experiment)))
     if len({r.clients for r in results}) >= 2:
         written.append(plot_log_ratio_vs_clients(results, out / "log_ratio_vs_clients.png"))
     return written

@@ -26,6 +26,7 @@ from fedreg_app.reports import (
     main,
     paper_comparison,
     paper_table,
+    plot_accuracy_curves,
     read_paper_cells,
     rebalanced_counts,
     scan,
@@ -418,3 +419,20 @@ def test_every_papers_table_has_its_published_cells_in_its_config() -> None:
         assert experiment.paper.cells[cell] == {"G": g, **({"P": p} if p else {})}, name
         if name.startswith("table2"):
             assert list(experiment.paper.cells) == list(experiment.algos) == run
+
+
+def test_the_curves_draw_each_published_figure_as_a_line_at_its_value(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from matplotlib.axes import Axes
+
+    drawn: list[float] = []
+    monkeypatch.setattr(Axes, "axhline", lambda axis, y, **_: drawn.append(y))
+    fake_run(tmp_path, "t", "fedreg", 0)
+    fake_run(tmp_path, "t", "fedavg", 0)
+    paper = read_paper_cells(
+        paper_config(tmp_path, 'source = "X"\nfedreg = { G = 61.5, P = 82.0 }')
+    )
+    plot_accuracy_curves(collect(tmp_path), "t", tmp_path / "t.png", paper=paper)
+    assert sorted(drawn) == [61.5, 82.0]  # fedavg has no published figure
+    assert (tmp_path / "t.png").stat().st_size > 0
