@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -30,3 +31,33 @@ def test_declared_defaults_are_valid_and_match_the_dataclass() -> None:
     config = load_config(DECLARED)
     # pyproject.toml and the dataclasses' defaults agree (FedReG is the default algo)
     assert config == RunConfig(options=FedReGOptions())
+
+
+#: Where a run read and wrote: not part of what it ran.
+LOCATIONS = ("dataset-path", "init-model", "results-dir", "state-dir", "resume")
+COMMITTED = sorted((PROJECT / "results").glob("**/seed*/results.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.parent.relative_to(PROJECT)))
+def test_a_committed_run_is_a_run_of_its_config_file_as_it_stands(path: Path, tmp_path) -> None:
+    """The README's published figures stay figures of configs/ today: a committed
+    ``results.json`` records the config its cell and seed get from the config file that
+    names its experiment, key for key (``auto`` resolved as the run resolved it). A key
+    added since is absent from the record; it must default to what the run did (it is
+    today's declared default, so a replay runs the same thing)."""
+    experiment_name, cell, seed = path.parts[-4], path.parts[-3], int(path.parts[-2][4:])
+    experiments = [Experiment.load(f, DECLARED) for f in (PROJECT / "configs").glob("*.toml")]
+    [experiment] = [e for e in experiments if e.name == experiment_name]
+    specs = plan([experiment], tmp_path, DECLARED, {}, seed + 1)
+    [spec] = [s for s in specs if s.folder.parent.name == cell and s.folder.name == f"seed{seed}"]
+    planned = load_config({**DECLARED, **spec.run_config}).to_run_config()
+    recorded = json.loads(path.read_text())["config"]
+    defaults = load_config(DECLARED).to_run_config()
+    for key in sorted(set(planned) | set(recorded)):
+        if key in LOCATIONS:
+            continue
+        assert key in planned, f"{path}: records {key}, which the app no longer declares"
+        if key in recorded:
+            assert recorded[key] == planned[key], f"{path}: {key} ran as {recorded[key]!r}"
+        else:
+            assert planned[key] == defaults[key], f"{path}: ran before {key} existed"
