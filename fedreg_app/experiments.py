@@ -348,6 +348,37 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     return Attempt(folder, checkpoint.round, f"resuming {folder} after round {checkpoint.round}")
 
 
+def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
+    """What running the grid would do with this run, and its rounds done: finished (not
+    run again), resumed after round N, started anew (and why), or refused (damaged).
+    Changes nothing on disk."""
+    finished = spec.finished_results()
+    if finished is not None:
+        return f"finished ({run_status(finished)})", spec.num_rounds
+    attempt = decide(spec, declared, restart_damaged=False)
+    if attempt.problem:
+        return f"not run: {first_line(attempt.problem)}", 0
+    if attempt.resume is not None:
+        stopped = read_marker(attempt.resume).get("stopped")
+        why = f"; {stopped}" if stopped else ""
+        after = attempt.after_round
+        return f"resumes after round {after}/{spec.num_rounds}{why}", after
+    return ("starts" if not attempt.note else f"starts anew: {attempt.note}"), 0
+
+
+def dry_run(specs: list[RunSpec], declared: dict[str, Any]) -> str:
+    """``--dry-run``: each run, its folder and what the same command without
+    ``--dry-run`` would do with it, then the grid's rounds done."""
+    lines, done = [], 0
+    for spec in specs:
+        state, rounds = pending_state(spec, declared)
+        done += rounds
+        lines.append(f"{spec.describe()} -> {spec.folder}: {state}")
+    total = sum(spec.num_rounds for spec in specs)
+    lines.append(f"grid {done}/{total} rounds done in {len(specs)} runs")
+    return "\n".join(lines)
+
+
 def _damaged(folder: Path, error: str, restart: bool) -> Attempt:
     if restart:
         write_marker(folder, abandoned=error)
@@ -714,7 +745,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key in every run (repeatable)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("experiments"), help="results root")
-    parser.add_argument("--dry-run", action="store_true", help="list the runs and stop")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the runs, each with what a run of the same command would do "
+                        "(finished, resume after round N, start), and stop")  # fmt: skip
     parser.add_argument("--max-minutes", type=float, metavar="N",
                         help="stop at the first round boundary after N minutes (at least one "
                         "round is run); exit status 3; the same command continues")  # fmt: skip
@@ -734,8 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
         parser.error(str(err))
     if args.dry_run:
-        for spec in specs:
-            print(f"{spec.describe()} -> {spec.folder}")
+        print(dry_run(specs, declared))
         return 0
     deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
     limits = Limits(deadline, args.restart_damaged)

@@ -155,7 +155,9 @@ def test_cli_dry_run_and_errors(tmp_path: Path, capsys) -> None:
     path = tmp_path / "t1.toml"
     assert config.name == "t1"
     assert main([str(path), "--dry-run", "--seeds", "1", "--out", str(tmp_path / "o")]) == 0
-    assert len(capsys.readouterr().out.strip().splitlines()) == 8
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 8 + 1 and lines[-1] == "grid 0/24 rounds done in 8 runs"
+    assert all(line.endswith(": starts") for line in lines[:-1])
     with pytest.raises(SystemExit):
         main([str(path), "--set", "nonsense-key=1"])
     assert "nonsense-key" in capsys.readouterr().err
@@ -474,6 +476,35 @@ def test_a_run_killed_after_its_last_checkpoint_is_resumed_not_restarted(tmp_pat
     folder = interrupted_run(spec, "running", at_round=last)
     attempt = decide(spec, DECLARED)
     assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, last, None)
+
+
+def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothing(
+    tmp_path: Path, capsys
+) -> None:
+    """Finished, resumable (stopped by the runner), damaged, failed and fresh runs, each
+    named with what a real invocation would do; the grid's rounds done at the end; the
+    damaged folder is not marked abandoned (dry runs change nothing)."""
+    finished, stopped, damaged, failed, fresh = one_cell_specs(tmp_path, 5)
+    write_results(finished, "completed")
+    folder = interrupted_run(stopped, "stopped", at_round=2)
+    write_marker(folder, stopped="stopped by --max-minutes")
+    broken = interrupted_run(damaged, "running")
+    (broken / "results.json").write_text("{")
+    interrupted_run(failed, "failed")
+    rounds = finished.num_rounds
+    before = sorted(p.name for p in (tmp_path / "out").rglob("*"))
+    assert main([str(tmp_path / "t2.toml"), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{finished.describe()} -> {finished.folder}: finished (completed)"
+    assert lines[1] == (f"{stopped.describe()} -> {stopped.folder}: resumes after round "
+                        f"2/{rounds}; stopped by --max-minutes")  # fmt: skip
+    assert lines[2].startswith(f"{damaged.describe()} -> {damaged.folder}: not run: cannot "
+                               f"resume {broken}: results.json is unreadable")  # fmt: skip
+    assert lines[3].endswith(": starts anew: " + decide(failed, DECLARED).note)
+    assert lines[4] == f"{fresh.describe()} -> {fresh.folder}: starts"
+    assert lines[5] == f"grid {rounds + 2}/{5 * rounds} rounds done in 5 runs"
+    assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
+    assert read_marker(broken) == {}
 
 
 @pytest.mark.parametrize("damage", ["model", "state", "client-state", "results"])
