@@ -361,9 +361,18 @@ def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
     if attempt.resume is not None:
         stopped = read_marker(attempt.resume).get("stopped")
         why = f"; {stopped}" if stopped else ""
+        if not stopped and _status_of(attempt.resume) == RUNNING:
+            why = "; its status says running: in progress now, or killed unawares"
         after = attempt.after_round
         return f"resumes after round {after}/{spec.num_rounds}{why}", after
     return ("starts" if not attempt.note else f"starts anew: {attempt.note}"), 0
+
+
+def _status_of(run_folder: Path) -> str:
+    try:
+        return run_status(json.loads((run_folder / "results.json").read_text()))
+    except (OSError, ValueError):
+        return ""
 
 
 def dry_run(specs: list[RunSpec], declared: dict[str, Any]) -> str:

@@ -481,16 +481,17 @@ def test_a_run_killed_after_its_last_checkpoint_is_resumed_not_restarted(tmp_pat
 def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothing(
     tmp_path: Path, capsys
 ) -> None:
-    """Finished, resumable (stopped by the runner), damaged, failed and fresh runs, each
-    named with what a real invocation would do; the grid's rounds done at the end; the
-    damaged folder is not marked abandoned (dry runs change nothing)."""
-    finished, stopped, damaged, failed, fresh = one_cell_specs(tmp_path, 5)
+    """Finished, resumable (stopped by the runner, or killed), damaged, failed and fresh
+    runs, each named with what a real invocation would do; the grid's rounds done at the
+    end; the damaged folder is not marked abandoned (dry runs change nothing)."""
+    finished, stopped, damaged, failed, fresh, killed = one_cell_specs(tmp_path, 6)
     write_results(finished, "completed")
     folder = interrupted_run(stopped, "stopped", at_round=2)
     write_marker(folder, stopped="stopped by --max-minutes")
     broken = interrupted_run(damaged, "running")
     (broken / "results.json").write_text("{")
     interrupted_run(failed, "failed")
+    interrupted_run(killed, "running", at_round=1)
     rounds = finished.num_rounds
     before = sorted(p.name for p in (tmp_path / "out").rglob("*"))
     assert main([str(tmp_path / "t2.toml"), "--out", str(tmp_path / "out"), "--dry-run"]) == 0
@@ -502,7 +503,10 @@ def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothin
                                f"resume {broken}: results.json is unreadable")  # fmt: skip
     assert lines[3].endswith(": starts anew: " + decide(failed, DECLARED).note)
     assert lines[4] == f"{fresh.describe()} -> {fresh.folder}: starts"
-    assert lines[5] == f"grid {rounds + 2}/{5 * rounds} rounds done in 5 runs"
+    assert lines[5] == (f"{killed.describe()} -> {killed.folder}: resumes after round "
+                        f"1/{rounds}; its status says running: in progress now, or killed "
+                        "unawares")  # fmt: skip
+    assert lines[6] == f"grid {rounds + 3}/{6 * rounds} rounds done in 6 runs"
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
     assert read_marker(broken) == {}
 
