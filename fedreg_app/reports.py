@@ -311,6 +311,21 @@ def mean_std(values: Sequence[float]) -> str:
 
 
 # ----------------------------------------------------------------------- tables
+def cell_figures(
+    runs: Sequence[RunResult], personal: str = "all"
+) -> tuple[list[float], list[float], str, str]:
+    """One cell's best G and P per seed, and their ``mean ± std`` texts with the marks
+    their footnotes explain (degraded, answering clients only, unfinished)."""
+    degraded = any(r.degraded for r in runs)
+    running = any(r.unfinished for r in runs)
+    globals_ = [r.best_global for r in runs if r.best_global is not None]
+    figures = [f for f in (personal_figure(r.document, personal) for r in runs) if f[0] is not None]
+    personals = [f for f, _ in figures]
+    answered = any(a for _, a in figures)
+    return (globals_, personals, marked(mean_std(globals_), degraded, unfinished=running),
+            marked(mean_std(personals), degraded, answered, running))  # fmt: skip
+
+
 def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
     """The paper's layout: one row per cell (algorithm, variant, grid values), a G and a P
     column per experiment (dataset, client count, ...), mean ± std over seeds; values that
@@ -327,14 +342,8 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
         seeds = []
         for experiment in experiments:
             runs = groups.get((cell, experiment), [])
-            degraded = any(r.degraded for r in runs)
-            running = any(r.unfinished for r in runs)
-            figures = [personal_figure(r.document, personal) for r in runs]
-            figures = [f for f in figures if f[0] is not None]
-            globals_ = [r.best_global for r in runs if r.best_global is not None]
-            row.append(marked(mean_std(globals_), degraded, unfinished=running))
-            answered = any(a for _, a in figures)
-            row.append(marked(mean_std([f for f, _ in figures]), degraded, answered, running))
+            _, _, g_text, p_text = cell_figures(runs, personal)
+            row += [g_text, p_text]
             seeds.append(str(len(runs)))
         lines.append("| " + " | ".join(row + ["/".join(seeds)]) + " |")
     table = footnotes("\n".join(lines))
@@ -429,19 +438,13 @@ def paper_comparison(results: Sequence[RunResult], paper: PaperCells,
     for cell in [*paper.cells, *(c for c in groups if c not in paper.cells)]:
         cell_runs = groups.get(cell, [])
         published = paper.cells.get(cell, {})
-        degraded = any(r.degraded for r in cell_runs)
-        running = any(r.unfinished for r in cell_runs)
-        globals_ = [r.best_global for r in cell_runs if r.best_global is not None]
-        figures = [personal_figure(r.document, personal) for r in cell_runs]
-        figures = [f for f in figures if f[0] is not None]
-        personals = [f for f, _ in figures]
-        answered = any(a for _, a in figures)
+        globals_, personals, g_text, p_text = cell_figures(cell_runs, personal)
         lines.append("| " + " | ".join([
             cell.replace(CELL_SEPARATOR, " "),
-            marked(mean_std(globals_), degraded, unfinished=running),
+            g_text,
             _published(published.get("G")),
             _points(globals_, published.get("G")),
-            marked(mean_std(personals), degraded, answered, running),
+            p_text,
             _published(published.get("P")),
             _points(personals, published.get("P")),
             str(len(cell_runs)),

@@ -12,6 +12,7 @@ from clients.fedreg import FedReGOptions
 from fedreg_app.config import RunConfig
 from fedreg_app.experiments import Experiment, plan
 from fedreg_app.registry import load_config
+from fedreg_app.replay import LOCATIONS
 
 PROJECT = Path(__file__).resolve().parents[1]
 DECLARED = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
@@ -33,8 +34,6 @@ def test_declared_defaults_are_valid_and_match_the_dataclass() -> None:
     assert config == RunConfig(options=FedReGOptions())
 
 
-#: Where a run read and wrote: not part of what it ran.
-LOCATIONS = ("dataset-path", "init-model", "results-dir", "state-dir", "resume")
 COMMITTED = sorted((PROJECT / "results").glob("**/seed*/results.json"))
 
 
