@@ -274,12 +274,14 @@ def write_run_config(run_config: dict[str, Any], directory: Path) -> Path:
 class Attempt:
     """How a pending run goes on: resumed from a run folder's checkpoint (``resume``,
     after round ``after_round``), started anew (``resume`` None), or not at all
-    (``problem``: its checkpoint cannot be trusted). ``note`` says why, for the log."""
+    (``problem``: its checkpoint cannot be trusted). ``note`` says why, for the log;
+    ``status`` is the resumed run's recorded status."""
 
     resume: Path | None = None
     after_round: int = 0
     note: str | None = None
     problem: str | None = None
+    status: str = ""
 
 
 def read_marker(run_folder: Path) -> dict[str, Any]:
@@ -345,7 +347,8 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         if state is None or not state.is_dir():
             problem = f"its clients' private state is missing (expected {state})"
             return _damaged(folder, problem, restart_damaged)
-    return Attempt(folder, checkpoint.round, f"resuming {folder} after round {checkpoint.round}")
+    note = f"resuming {folder} after round {checkpoint.round}"
+    return Attempt(folder, checkpoint.round, note, status=status)
 
 
 def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
@@ -361,18 +364,11 @@ def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
     if attempt.resume is not None:
         stopped = read_marker(attempt.resume).get("stopped")
         why = f"; {stopped}" if stopped else ""
-        if not stopped and _status_of(attempt.resume) == RUNNING:
+        if not stopped and attempt.status == RUNNING:
             why = "; its status says running: in progress now, or killed unawares"
         after = attempt.after_round
         return f"resumes after round {after}/{spec.num_rounds}{why}", after
     return ("starts" if not attempt.note else f"starts anew: {attempt.note}"), 0
-
-
-def _status_of(run_folder: Path) -> str:
-    try:
-        return run_status(json.loads((run_folder / "results.json").read_text()))
-    except (OSError, ValueError):
-        return ""
 
 
 def dry_run(specs: list[RunSpec], declared: dict[str, Any]) -> str:
