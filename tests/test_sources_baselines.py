@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from clients.ditto import PERSONAL_MODEL, DittoClient
+from clients.fedavg import FedAvgClient
 from clients.fedavg2rep import PERSONAL_HEAD, FedAvg2RepClient
 from clients.fedbabu import FedBABUClient
 from fedreg_app.client_app import global_model_parts
@@ -147,6 +148,21 @@ def test_ditto_first_personal_training_starts_from(init: str, start) -> None:
     later = RecordingDitto(setup)
     later.train(global_arrays(seed=5), 5)
     assert same(later.personal_starts[0], kept)
+
+
+def test_ditto_global_copy_trains_exactly_as_a_fedavg_client() -> None:
+    """Ditto's global model is FedAvg's (the full-scale Table 2 runs record equal G in
+    every round): training v_k first must not touch the global copy's shuffles,
+    optimizer state or weights. Two rounds, so kept momentum is compared too."""
+    ditto_setup, fedavg_setup = make_setup(algo="ditto"), make_setup(algo="fedavg")
+    arrays = global_arrays(seed=3)
+    for server_round in (1, 2):
+        ditto = DittoClient(ditto_setup).train(arrays, server_round)
+        fedavg = FedAvgClient(fedavg_setup).train(arrays, server_round)
+        assert same(ditto.arrays, fedavg.arrays)
+        assert not same(ditto.arrays, arrays)  # the global copy did train
+        arrays = ditto.arrays
+    assert not same(from_record(ditto_setup.state[PERSONAL_MODEL]), arrays)
 
 
 def test_ditto_personal_init_is_validated() -> None:
