@@ -1,43 +1,58 @@
-"""Share of a round spent evaluating, with the global model evaluated by the ServerApp on
-its own copy of the union test set (``global-eval=server``, the path before issue 13) or
-by each client on its test split in the same pass as its personal model
-(``global-eval=clients``), measured in one invocation, interleaved (server, clients,
-server) so that a drifting machine shows.
+"""Share of a round spent evaluating, two ways of evaluating measured in one invocation,
+interleaved (before, now, before) so that a drifting machine shows:
+
+* ``--compare global-eval`` (the default): the global model evaluated by the ServerApp on
+  its own copy of the union test set (``global-eval=server``, the path before issue 13)
+  or by each client on its test split in the same pass as its personal model
+  (``global-eval=clients``);
+* ``--compare eval-batch``: clients evaluating in batches of 512 (``FEDREG_EVAL_BATCH=512``,
+  what every run used before) or of the CPU default (128 per thread).
 
 Each run: ``flwr run`` in Flower's simulation, every round evaluated (``eval-every=1``),
 all clients evaluated. From ``results.json``: evaluation seconds over the round's seconds,
 rounds 2..N (round 1 decodes the data), and whether the accuracies agree exactly.
 
     python benchmarks/eval_share.py --dataset-path ../shared/data/fashion_mnist \\
-        --algos fedavg,fedreg --clients 20 --rounds 5 --data-fraction 0.25
+        --algos fedavg,fedreg --clients 20 --rounds 5 --data-fraction 0.25 \\
+        [--compare eval-batch]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink
+from fedreg_app.training import EVAL_BATCH_ENV
 
-ORDER = ("server", "clients", "server")
+#: For each comparison: (before, now) and how each runs (global-eval, environment).
+WAYS = {
+    "global-eval": {"server": ("server", {}), "clients": ("clients", {})},
+    "eval-batch": {"512": ("clients", {EVAL_BATCH_ENV: "512"}), "default": ("clients", {})},
+}
 
 
-def run_once(link: LocalSuperLink, args: argparse.Namespace, algo: str, where: str,
-             out: Path) -> dict[str, Any]:  # fmt: skip
-    results_dir = out / f"{algo}-{where}-{len(list(out.glob(f'{algo}-{where}*')))}"
+def run_once(args: argparse.Namespace, algo: str, way: str, tmp: Path) -> dict[str, Any]:
+    """One ``flwr run`` on its own local SuperLink (the environment reaches its actors)."""
+    global_eval, env = WAYS[args.compare][way]
+    out = tmp / "runs"
+    results_dir = out / f"{algo}-{way}-{len(list(out.glob(f'{algo}-{way}-*')))}"
     config = (
         f"algo='{algo}' dataset-path='{Path(args.dataset_path).resolve()}' "
         f"results-dir='{results_dir}' num-server-rounds={args.rounds} local-epochs=1 "
         f"fraction-train=0.25 data-fraction={args.data_fraction} eval-every=1 "
-        f"global-eval='{where}' seed=0"
+        f"global-eval='{global_eval}' seed=0"
     )
-    log = link.run(config, supernodes=args.clients, cpus_per_client=1, timeout=7200)
+    home = tmp / f"home-{results_dir.name}"
+    with LocalSuperLink(home, extra_env={**HF_OFFLINE_ENV, **env}) as link:
+        log = link.run(config, supernodes=args.clients, cpus_per_client=1, timeout=7200)
     paths = list(results_dir.glob("*/results.json"))
     if not paths:
-        raise RuntimeError(f"{algo} {where}: no results\n{log[-3000:]}")
+        raise RuntimeError(f"{algo} {way}: no results\n{log[-3000:]}")
     return json.loads(paths[0].read_text())
 
 
@@ -60,31 +75,30 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--data-fraction", type=float, default=0.25)
+    parser.add_argument("--compare", choices=sorted(WAYS), default="global-eval")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp) / "home"
-        with LocalSuperLink(home, extra_env=HF_OFFLINE_ENV) as link:  # noqa: SIM117 - needs tmp
-            summary = measure(link, args, Path(tmp) / "runs")
-    print(f"eval_share: clients={args.clients} rounds={args.rounds} "
+        summary = measure(args, Path(tmp))
+    print(f"eval_share: compare={args.compare} clients={args.clients} rounds={args.rounds} "
           f"data_fraction={args.data_fraction} " + " ".join(summary))  # fmt: skip
 
 
-def measure(link: LocalSuperLink, args: argparse.Namespace, out: Path) -> list[str]:
-    """Every algorithm interleaved server / clients / server; one summary part each."""
+def measure(args: argparse.Namespace, tmp: Path) -> list[str]:
+    """Every algorithm interleaved before / now / before; one summary part each."""
+    before, now = WAYS[args.compare]
     summary = []
     for algo in args.algos.split(","):
-        documents = [(where, run_once(link, args, algo, where, out)) for where in ORDER]
-        for where, document in documents:
+        documents = [(way, run_once(args, algo, way, tmp)) for way in (before, now, before)]
+        for way, document in documents:
             fraction, per_round, evaluating = share(document)
-            print(f"{algo:8s} global-eval={where:7s} eval share {100 * fraction:5.1f}% | "
+            print(f"{algo:8s} {args.compare}={way:7s} eval share {100 * fraction:5.1f}% | "
                   f"{per_round:6.1f} s/round, {evaluating:5.1f} s evaluating",
                   flush=True)  # fmt: skip
         same = all(accuracies(d) == accuracies(documents[0][1]) for _, d in documents)
-        server = [share(d)[0] for w, d in documents if w == "server"]
-        clients = [share(d)[0] for w, d in documents if w == "clients"]
+        shares = {way: [share(d)[0] for w, d in documents if w == way] for way in (before, now)}
         summary.append(
-            f"{algo}_server={100 * sum(server) / len(server):.1f}% "
-            f"{algo}_clients={100 * clients[0]:.1f}% {algo}_identical={same}"
+            f"{algo}_{before}={100 * statistics.mean(shares[before]):.1f}% "
+            f"{algo}_{now}={100 * shares[now][0]:.1f}% {algo}_identical={same}"
         )
     return summary
 

@@ -31,12 +31,11 @@ from fedreg_app.protocol import (
 from fedreg_app.records import from_record, to_record
 from fedreg_app.seeds import torch_generator
 from fedreg_app.training import (
-    EVAL_BATCH_SIZE,
     Forward,
     LossFn,
     MomentumSGD,
-    batches,
     count_correct_each,
+    eval_batches,
     select_device,
     train_epochs,
 )
@@ -289,7 +288,7 @@ class ClientProcedure:
     @torch.no_grad()
     def base_features(self, data: TensorData) -> TensorData:
         self.model.eval()
-        parts = [self.model.base(x) for x, _ in batches(data, EVAL_BATCH_SIZE, None, self.device)]
+        parts = [self.model.base(x) for x, _ in eval_batches(data, self.device)]
         return TensorData(x=torch.cat(parts), y=data.y)
 
     def cross_entropy(self, predict: Callable[[torch.Tensor], torch.Tensor]) -> LossFn:

@@ -54,7 +54,7 @@ from fedreg_app.protocol import (
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.tensorboard_log import require_tensorboard
-from fedreg_app.training import count_correct, select_device
+from fedreg_app.training import count_correct, eval_batch_size, select_device
 from strategies.base import PersonalizedStrategy, reply_metrics_problem
 
 DISCOVERY_TIMEOUT_S = 600.0
@@ -667,6 +667,7 @@ def check_federation(
 def start_run(grid: Grid, context: Context) -> RunSetup:
     """Validate, find the clients, load the data and the model, or the checkpoint."""
     config = load_config(context.run_config)  # fails fast on bad input
+    eval_batch_size(select_device(config.device))  # and on a bad FEDREG_EVAL_BATCH
     if config.tensorboard:
         require_tensorboard()
     if config.private:

@@ -7,16 +7,48 @@ parameters that must not move, SGD with momentum.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
+from fedreg_app.config import ConfigError
 from fedreg_app.data import TensorData, normalise
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-EVAL_BATCH_SIZE = 512
+#: Evaluation batch size, overriding the default (an integer >= ``MIN_EVAL_BATCH``).
+EVAL_BATCH_ENV = "FEDREG_EVAL_BATCH"
+#: The smallest evaluation batch: on the CPU a matrix product of 1-3 rows takes another
+#: kernel, whose results differ from a larger batch's in the last bits.
+MIN_EVAL_BATCH = 4
+#: Samples per CPU thread in an evaluation batch: on one thread the forward pass of every
+#: image model here runs 1.2-1.6x faster at 64-128 samples than at 512, where a layer's
+#: activations no longer fit in the caches (``benchmarks/eval_batch.py``).
+CPU_EVAL_BATCH_PER_THREAD = 128
+#: A GPU's evaluation batch: what every run before issue 13 used on any device.
+GPU_EVAL_BATCH = 512
+
+
+def eval_batch_size(device: torch.device) -> int:
+    """Samples per evaluation batch on ``device``: ``FEDREG_EVAL_BATCH`` if set, else 128
+    per CPU thread, else 512 on a GPU. On one CPU thread (a simulation's client actor) a
+    sample's outputs do not depend on it (``tests/test_training.py``). With several threads
+    the BLAS shares a batch's rows among them, and a share of 1-3 rows takes the other
+    kernel: a logit can then move in its last bits (about 1e-7), which changes a correct
+    count only where two classes tie that closely."""
+    override = os.environ.get(EVAL_BATCH_ENV)
+    if override is not None:
+        if not override.strip().isdigit() or int(override) < MIN_EVAL_BATCH:
+            raise ConfigError(
+                f"{EVAL_BATCH_ENV}={override!r} is not allowed: expected an integer >= "
+                f"{MIN_EVAL_BATCH} (samples per evaluation batch), or unset for the default"
+            )
+        return int(override)
+    if device.type == "cpu":
+        return CPU_EVAL_BATCH_PER_THREAD * torch.get_num_threads()
+    return GPU_EVAL_BATCH
 
 
 def select_device(name: str) -> torch.device:
@@ -37,9 +69,27 @@ def batches(
             if order is not None
             else slice(start, start + batch_size)
         )
-        x = data.x[idx].to(device)
-        # uint8 images are normalised per batch; float inputs (cached features) are not
-        yield (normalise(x) if x.dtype == torch.uint8 else x), data.y[idx].to(device)
+        yield _on_device(data, idx, device)
+
+
+def eval_batches(data: TensorData, device: torch.device) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Normalised batches in order, of ``eval_batch_size`` samples, where a remainder of
+    fewer than ``MIN_EVAL_BATCH`` samples joins the batch before it: then each sample's
+    outputs are the same at any batch size (``tests/test_training.py``)."""
+    n = len(data)
+    starts = list(range(0, n, eval_batch_size(device)))
+    if len(starts) > 1 and n - starts[-1] < MIN_EVAL_BATCH:
+        starts.pop()
+    for start, stop in zip(starts, [*starts[1:], n], strict=True):
+        yield _on_device(data, slice(start, stop), device)
+
+
+def _on_device(
+    data: TensorData, idx: slice | torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    x = data.x[idx].to(device)
+    # uint8 images are normalised per batch; float inputs (cached features) are not
+    return (normalise(x) if x.dtype == torch.uint8 else x), data.y[idx].to(device)
 
 
 class MomentumSGD:
@@ -162,7 +212,7 @@ def count_correct_each(
     features function (the same base, e.g. a client's personal and global model) compute
     the features once."""
     correct = dict.fromkeys(models, 0)
-    for x, y in batches(data, EVAL_BATCH_SIZE, None, device):
+    for x, y in eval_batches(data, device):
         features: dict[int, torch.Tensor] = {}
         for name, (extract, head) in models.items():
             if id(extract) not in features:

@@ -27,6 +27,7 @@ from fedreg_app.persist import load_arrays
 from fedreg_app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, NUM_TEST, PARTITION_ID
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import load_config
+from fedreg_app.training import EVAL_BATCH_ENV
 from strategies.fedreg import FedReGStrategy
 from tests.inprocess import ServerKilled, error_reply, results, run_server
 
@@ -114,6 +115,18 @@ def test_min_train_replies_above_the_clients_per_round_fails_before_training(
     assert "min-train-replies=3 is not allowed: expected at most 2" in str(stopped)
     assert not [d for d in grid.delivered if d[0] == TRAIN]
     assert results(tmp_path / "results")["run"]["status"] == "failed"
+
+
+def test_a_bad_eval_batch_in_the_environment_fails_before_any_message(
+    base: dict[str, Any], tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setenv(EVAL_BATCH_ENV, "2")
+    grid, stopped = run_server(base)
+    assert f"{EVAL_BATCH_ENV}='2' is not allowed: expected an integer >= 4" in str(stopped)
+    assert not grid.delivered
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "failed"
+    assert EVAL_BATCH_ENV in document["run"]["error"]
 
 
 def craft(change):

@@ -19,7 +19,7 @@ from fedreg_app.models import BASE, HEAD_G, build_model
 from fedreg_app.protocol import GLOBAL_CORRECT, NUM_EXAMPLES, PERSONAL_CORRECT
 from fedreg_app.records import from_record
 from fedreg_app.registry import load_config
-from fedreg_app.training import EVAL_BATCH_SIZE, batches, count_correct_each
+from fedreg_app.training import count_correct_each, eval_batches
 from strategies.fedavg2rep import FedAvg2RepStrategy
 from tests.test_baselines import recording
 from tests.test_clients import INFO, global_arrays, group, make_setup, same
@@ -42,7 +42,7 @@ def logits(client, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.T
     """The personal and the global model's logits on the client's test split."""
     base, head = global_model_parts(client.setup, arrays)
     personal, glob = [], []
-    for x, _ in batches(client.data.test, EVAL_BATCH_SIZE, None, client.device):
+    for x, _ in eval_batches(client.data.test, client.device):
         personal.append(client.personal_predict(x))
         glob.append(head(base(x)))
     return torch.cat(personal), torch.cat(glob)

@@ -1,6 +1,6 @@
 """The training core's own SGD: bit-identical to ``torch.optim.SGD``, and a fresh process
 that trains never imports ``torch._dynamo`` (what made every deployed training message
-about 2 s slower)."""
+about 2 s slower); evaluation gives the same logits at any batch size."""
 
 from __future__ import annotations
 
@@ -12,9 +12,19 @@ import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from fedreg_app.data import DatasetInfo
+from fedreg_app.config import ConfigError
+from fedreg_app.data import TEXT, DatasetInfo, TensorData
 from fedreg_app.models import BASE, HEAD_P, build_model
-from fedreg_app.training import MomentumSGD
+from fedreg_app.training import (
+    EVAL_BATCH_ENV,
+    MIN_EVAL_BATCH,
+    MomentumSGD,
+    count_correct_each,
+    eval_batch_size,
+    eval_batches,
+)
+
+CPU = torch.device("cpu")
 
 
 def train_steps(optimizer_class, momentum: float, frozen: tuple[str, ...]) -> dict:
@@ -90,3 +100,77 @@ def test_a_client_process_with_its_cache_never_imports_dynamo(algo: str, tmp_pat
     if algo == "fedreg":
         assert list(tmp_path.glob("rebalanced-*.npz"))
     assert not dynamo_imported(algo, tmp_path)
+
+
+# ------------------------------------------------------------- evaluation batch size
+EVAL_MODELS = [
+    ("cnn", DatasetInfo(10, 1, 28, 28)),
+    ("cnn", DatasetInfo(10, 3, 32, 32)),
+    ("fedavgcnn", DatasetInfo(10, 3, 32, 32)),
+    ("convnet", DatasetInfo(100, 3, 32, 32)),
+    ("mlp", DatasetInfo(10, 1, 28, 28)),
+    ("charlstm", DatasetInfo(80, 1, 1, 80, TEXT)),
+]
+
+
+def eval_inputs(info: DatasetInfo, n: int) -> TensorData:
+    """Raw inputs as clients hold them: uint8 images, or character indices for text."""
+    generator = torch.Generator().manual_seed(1)
+    if info.modality == TEXT:
+        x = torch.randint(0, info.num_classes, (n, info.width), generator=generator)
+    else:
+        shape = (n, info.channels, info.height, info.width)
+        x = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
+    return TensorData(x=x, y=torch.randint(0, info.num_classes, (n,), generator=generator))
+
+
+@pytest.mark.parametrize(("model_name", "info"), EVAL_MODELS)
+def test_evaluation_does_not_depend_on_the_batch_size(
+    model_name: str, info: DatasetInfo, monkeypatch
+) -> None:
+    """On one thread (a simulation's client actor) each sample's base features and logits,
+    and so every correct count, are bit-identical at any evaluation batch size, remainders
+    of 1-3 samples joining the batch before. 517 samples: remainders of 5, 1 (at 4 and 258:
+    merged), 6 and 5. (With several threads the BLAS splits a batch's rows among them, and
+    a share of 1-3 rows takes the other kernel: see ``eval_batch_size``.)"""
+    model = build_model(info, 1, seed=2, model=model_name).eval()
+    data = eval_inputs(info, 517)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        outputs = {}
+        for size in (512, 4, 7, 128, 258):
+            monkeypatch.setenv(EVAL_BATCH_ENV, str(size))
+            with torch.inference_mode():
+                parts = [(model.base(x), model(x)) for x, _ in eval_batches(data, CPU)]
+            assert min(len(f) for f, _ in parts) >= MIN_EVAL_BATCH
+            correct = count_correct_each({"m": (model.base, model.head_g)}, data, CPU)["m"]
+            features, logits = (torch.cat(column) for column in zip(*parts, strict=True))
+            outputs[size] = (features, logits, correct)
+    finally:
+        torch.set_num_threads(previous)
+    features, logits, correct = outputs[512]
+    for size, (other_features, other_logits, other_correct) in outputs.items():
+        assert torch.equal(other_features, features), size
+        assert torch.equal(other_logits, logits), size
+        assert other_correct == correct, size
+
+
+def test_a_split_of_fewer_than_the_minimum_is_one_batch(monkeypatch) -> None:
+    monkeypatch.setenv(EVAL_BATCH_ENV, "4")
+    sizes = [len(y) for _, y in eval_batches(eval_inputs(DatasetInfo(10, 1, 28, 28), 3), CPU)]
+    assert sizes == [3]
+    sizes = [len(y) for _, y in eval_batches(eval_inputs(DatasetInfo(10, 1, 28, 28), 9), CPU)]
+    assert sizes == [4, 5]
+
+
+def test_eval_batch_size_default_override_and_bad_value(monkeypatch) -> None:
+    monkeypatch.delenv(EVAL_BATCH_ENV, raising=False)
+    assert eval_batch_size(CPU) == 128 * torch.get_num_threads()
+    assert eval_batch_size(torch.device("cuda")) == 512  # a GPU keeps what it always used
+    monkeypatch.setenv(EVAL_BATCH_ENV, "64")
+    assert eval_batch_size(CPU) == 64
+    for bad in ("0", "3", "-3", "big", "1.5", ""):
+        monkeypatch.setenv(EVAL_BATCH_ENV, bad)
+        with pytest.raises(ConfigError, match=f"{EVAL_BATCH_ENV}=.*integer >= 4"):
+            eval_batch_size(CPU)
