@@ -366,7 +366,10 @@ def pfl_worker(spec: dict[str, Any]) -> dict[str, Any]:
     train_params = NNTrainHyperParams(
         local_num_epochs=1, local_learning_rate=spec["lr"], local_batch_size=spec["batch_size"]
     )
-    eval_params = NNEvalHyperParams(local_batch_size=512)  # as ours (EVAL_BATCH_SIZE)
+    # ours evaluates in batches of CPU_EVAL_BATCH_PER_THREAD (fedreg_app.training) = 128
+    # per thread; this process may run in pfl's own environment, without the app
+    eval_batch = 128 * torch.get_num_threads()
+    eval_params = NNEvalHyperParams(local_batch_size=eval_batch)
     backend = SimulatedBackend(
         training_data=training, val_data=training, postprocessors=[WeightByDatapoints()]
     )
