@@ -72,10 +72,12 @@ def batches(
         yield _on_device(data, idx, device)
 
 
-def eval_batches(data: TensorData, device: torch.device) -> Iterator[tuple[torch.Tensor, ...]]:
+def eval_batches(
+    data: TensorData, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Normalised batches in order, of ``eval_batch_size`` samples, where a remainder of
-    fewer than ``MIN_EVAL_BATCH`` samples joins the batch before it: then each sample's
-    outputs are the same at any batch size (``tests/test_training.py``)."""
+    fewer than ``MIN_EVAL_BATCH`` samples joins the batch before it: then, on one CPU
+    thread, each sample's outputs are the same at any batch size."""
     n = len(data)
     starts = list(range(0, n, eval_batch_size(device)))
     if len(starts) > 1 and n - starts[-1] < MIN_EVAL_BATCH:
