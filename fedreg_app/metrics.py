@@ -170,6 +170,7 @@ class ResultsWriter:
         resumes = [*document["run"].get("resumed", []), {
             "run_id": run["run_id"], "after_round": after_round,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **({"environment": run["environment"]} if "environment" in run else {}),
         }]  # fmt: skip
         # What the interrupted attempt concluded (an error, a status, an end time) is not
         # this attempt's: it is decided again when the resumed run ends.
@@ -179,6 +180,10 @@ class ResultsWriter:
             **earlier, **run, "resumed": resumes, "status": RUNNING,
             "run_id": document["run"]["run_id"],  # the first run's id names the folder
         }  # fmt: skip
+        # The rounds kept were made where the first attempt ran; each resume names its own.
+        continued.pop("environment", None)
+        if "environment" in earlier:
+            continued["environment"] = earlier["environment"]
         kept = [RoundRecord(**r) for r in document["rounds"][:after_round]]
         return cls(folder, config, continued, kept, tensorboard)
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from fedreg_app.checkpoint import committed_round
 from fedreg_app.config import ConfigError
+from fedreg_app.environment import describe_environment, environment_note
 from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
 from fedreg_app.launcher import LocalSuperLink
 from fedreg_app.metrics import first_line
@@ -299,6 +300,21 @@ def summary_line(rounds: int, differences: list[Difference], largest: float,
     )
 
 
+def environment_notes(recording: Recording, current: dict[str, Any]) -> list[str]:
+    """Why a replay here may not be bit-identical: the environment the record's first
+    attempt (and each resumed attempt) ran in, where it differs from ``current``."""
+    notes = []
+    first = environment_note(recording.run.get("environment"), current)
+    if first:
+        notes.append(first)
+    for resume in recording.run.get("resumed") or []:
+        if isinstance(resume, dict) and "environment" in resume:
+            note = environment_note(resume["environment"], current)
+            if note:
+                notes.append(f"rounds after {resume.get('after_round')}: {note}")
+    return notes
+
+
 # ------------------------------------------------------------------ running
 def run_until_round(
     run_config: dict[str, Any], clients: int, rounds: int, folder: Path, poll_seconds: float = 0.5
@@ -382,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
     except (ConfigError, OSError) as err:
         parser.error(str(err))
-    for note in notes:
+    for note in [*notes, *environment_notes(recording, describe_environment())]:
         print(f"replay: note: {note}", flush=True)
     print(
         f"replay: rounds 1..{args.rounds} of {run_config.get('algo')} "
@@ -408,6 +424,8 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
                               "not apply (nothing is run)")  # fmt: skip
         first, second = read_recording(args.results), read_recording(args.against)
         notes = check_same_run(first, second)
+        if "environment" in second.run:
+            notes += environment_notes(first, second.run["environment"])
         empty = [r.path for r in (first, second) if not r.rounds]
         if empty:
             raise ConfigError(f"{empty[0]} records no round yet; nothing to compare")

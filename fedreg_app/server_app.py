@@ -33,6 +33,7 @@ from fedreg_app.data import (
     load_info,
     load_union_test_set,
 )
+from fedreg_app.environment import describe_environment
 from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
@@ -696,6 +697,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         "num_classes": info.num_classes,
         "image_shape": [info.channels, info.height, info.width],
         "global_evaluation": strategy.global_evaluation,
+        "environment": describe_environment(),  # the simulation's clients share it
     }
     if checkpoint is None:
         writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),

@@ -20,12 +20,14 @@ from fedreg_app.data import TensorData, normalise
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: Evaluation batch size, overriding the default (an integer >= ``MIN_EVAL_BATCH``).
 EVAL_BATCH_ENV = "FEDREG_EVAL_BATCH"
-#: The smallest evaluation batch: on the CPU a matrix product of 1-3 rows takes another
-#: kernel, whose results differ from a larger batch's in the last bits.
-MIN_EVAL_BATCH = 4
-#: Samples per CPU thread in an evaluation batch: on one thread the forward pass of every
-#: image model here runs 1.2-1.6x faster at 64-128 samples than at 512, where a layer's
-#: activations no longer fit in the caches (``benchmarks/eval_batch.py``).
+#: The smallest evaluation batch. On the CPU a matrix product of only a few rows takes
+#: another kernel, whose results differ from a larger batch's in the last bits: up to 3
+#: rows on one machine of this workplace, up to 15 on another (AVX-512). 64 leaves a margin.
+MIN_EVAL_BATCH = 64
+#: Samples per CPU thread in an evaluation batch: on one thread the forward pass of the
+#: convolutional models here runs 1.26-1.41x faster at 128 samples than at 512, where a
+#: layer's activations no longer fit in the caches, and the char-LSTM 1.14x; the MLP, one
+#: matrix product per layer, runs at 0.87x (``benchmarks/eval_batch.py``, README (d)).
 CPU_EVAL_BATCH_PER_THREAD = 128
 #: A GPU's evaluation batch: what every run before issue 13 used on any device.
 GPU_EVAL_BATCH = 512
@@ -35,9 +37,10 @@ def eval_batch_size(device: torch.device) -> int:
     """Samples per evaluation batch on ``device``: ``FEDREG_EVAL_BATCH`` if set, else 128
     per CPU thread, else 512 on a GPU. On one CPU thread (a simulation's client actor) a
     sample's outputs do not depend on it (``tests/test_training.py``). With several threads
-    the BLAS shares a batch's rows among them, and a share of 1-3 rows takes the other
-    kernel: a logit can then move in its last bits (about 1e-7), which changes a correct
-    count only where two classes tie that closely."""
+    the kernels share a batch's work among them by its size, so a logit can move in its
+    last bits (at most 4.2e-7 over six models on two threads, no prediction changed:
+    ``benchmarks/eval_batch.py --threads 2``), which changes a correct count only where
+    two classes tie that closely."""
     override = os.environ.get(EVAL_BATCH_ENV)
     if override is not None:
         if not override.strip().isdigit() or int(override) < MIN_EVAL_BATCH:
@@ -77,7 +80,8 @@ def eval_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Normalised batches in order, of ``eval_batch_size`` samples, where a remainder of
     fewer than ``MIN_EVAL_BATCH`` samples joins the batch before it: then, on one CPU
-    thread, each sample's outputs are the same at any batch size."""
+    thread, each sample's outputs are the same at any batch size (on the CPUs seen here,
+    ``MIN_EVAL_BATCH``)."""
     n = len(data)
     starts = list(range(0, n, eval_batch_size(device)))
     if len(starts) > 1 and n - starts[-1] < MIN_EVAL_BATCH:

@@ -122,7 +122,7 @@ def test_a_bad_eval_batch_in_the_environment_fails_before_any_message(
 ) -> None:
     monkeypatch.setenv(EVAL_BATCH_ENV, "2")
     grid, stopped = run_server(base)
-    assert f"{EVAL_BATCH_ENV}='2' is not allowed: expected an integer >= 4" in str(stopped)
+    assert f"{EVAL_BATCH_ENV}='2' is not allowed: expected an integer >= 64" in str(stopped)
     assert not grid.delivered
     document = results(tmp_path / "results")
     assert document["run"]["status"] == "failed"

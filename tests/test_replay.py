@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fedreg_app import replay
+from fedreg_app.environment import describe_environment
 from fedreg_app.experiments import main as run_experiment
 from fedreg_app.overrides import declared_run_config
 from fedreg_app.replay import (
@@ -178,6 +179,9 @@ def test_a_real_run_replays_identically_and_a_tampered_record_does_not(
     assert main([str(source), "--rounds", "2", "--out", str(tmp_path / "replay")]) == 0
     printed = capsys.readouterr().out
     assert f"replay: rounds=2 identical=true max_abs_diff=0 source={source}" in printed
+    # recorded and replayed here: nothing to warn about
+    assert json.loads(source.read_text())["run"]["environment"] == describe_environment()
+    assert "environment" not in printed
     [replayed] = (tmp_path / "replay").glob("replay-*/results/*/results.json")
     rounds = json.loads(replayed.read_text())["rounds"]
     assert json.loads(replayed.read_text())["config"]["num-server-rounds"] == 3

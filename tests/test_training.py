@@ -130,16 +130,17 @@ def test_evaluation_does_not_depend_on_the_batch_size(
 ) -> None:
     """On one thread (a simulation's client actor) each sample's base features and logits,
     and so every correct count, are bit-identical at any evaluation batch size, remainders
-    of 1-3 samples joining the batch before. 517 samples: remainders of 5, 1 (at 4 and 258:
-    merged), 6 and 5. (With several threads the BLAS splits a batch's rows among them, and
-    a share of 1-3 rows takes the other kernel: see ``eval_batch_size``.)"""
+    under ``MIN_EVAL_BATCH`` joining the batch before. 517 samples: at 512, 64, 100, 128
+    and 258 the remainder (5, 5, 17, 5, 1) joins the batch before; at 150 it (67) stays a
+    batch of its own. (With several threads the kernels share a batch's work among them by
+    its size: see ``eval_batch_size``.)"""
     model = build_model(info, 1, seed=2, model=model_name).eval()
     data = eval_inputs(info, 517)
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         outputs = {}
-        for size in (512, 4, 7, 128, 258):
+        for size in (512, 64, 100, 128, 150, 258):
             monkeypatch.setenv(EVAL_BATCH_ENV, str(size))
             with torch.inference_mode():
                 parts = [(model.base(x), model(x)) for x, _ in eval_batches(data, CPU)]
@@ -157,11 +158,10 @@ def test_evaluation_does_not_depend_on_the_batch_size(
 
 
 def test_a_split_of_fewer_than_the_minimum_is_one_batch(monkeypatch) -> None:
-    monkeypatch.setenv(EVAL_BATCH_ENV, "4")
-    sizes = [len(y) for _, y in eval_batches(eval_inputs(DatasetInfo(10, 1, 28, 28), 3), CPU)]
-    assert sizes == [3]
-    sizes = [len(y) for _, y in eval_batches(eval_inputs(DatasetInfo(10, 1, 28, 28), 9), CPU)]
-    assert sizes == [4, 5]
+    monkeypatch.setenv(EVAL_BATCH_ENV, str(MIN_EVAL_BATCH))
+    info = DatasetInfo(10, 1, 28, 28)
+    for n, expected in ((3, [3]), (130, [64, 66]), (192, [64, 64, 64]), (255, [64, 64, 127])):
+        assert [len(y) for _, y in eval_batches(eval_inputs(info, n), CPU)] == expected, n
 
 
 def test_eval_batch_size_default_override_and_bad_value(monkeypatch) -> None:
@@ -170,7 +170,7 @@ def test_eval_batch_size_default_override_and_bad_value(monkeypatch) -> None:
     assert eval_batch_size(torch.device("cuda")) == 512  # a GPU keeps what it always used
     monkeypatch.setenv(EVAL_BATCH_ENV, "64")
     assert eval_batch_size(CPU) == 64
-    for bad in ("0", "3", "-3", "big", "1.5", ""):
+    for bad in ("0", "3", "63", "-3", "big", "1.5", ""):
         monkeypatch.setenv(EVAL_BATCH_ENV, bad)
-        with pytest.raises(ConfigError, match=f"{EVAL_BATCH_ENV}=.*integer >= 4"):
+        with pytest.raises(ConfigError, match=f"{EVAL_BATCH_ENV}=.*integer >= 64"):
             eval_batch_size(CPU)

@@ -1,0 +1,100 @@
+"""The environment a run's figures depend on is recorded, kept across resumes, and a
+replay in another one says why it may not be bit-identical."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from fedreg_app import replay
+from fedreg_app.environment import NUMERIC_KEYS, cpu_model, describe_environment, environment_note
+from fedreg_app.metrics import ResultsWriter, RoundRecord
+from fedreg_app.replay import main
+from tests.test_replay import round_record
+
+HERE = describe_environment()
+
+
+def test_the_description_names_this_torch_and_cpu_kind() -> None:
+    assert HERE["torch"] == torch.__version__
+    assert HERE["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(NUMERIC_KEYS) <= set(HERE)
+    assert json.loads(json.dumps(HERE)) == HERE  # goes into results.json as it is
+
+
+def test_cpu_model_reads_cpuinfo_and_survives_its_absence(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Test CPU @ 2.0GHz\nflags\t: avx\n")
+    assert cpu_model(cpuinfo) == "Test CPU @ 2.0GHz"
+    assert cpu_model(tmp_path / "absent")  # falls back to the platform module, never raises
+
+
+def test_a_note_names_each_key_that_differs_and_none_when_all_agree() -> None:
+    assert environment_note(dict(HERE), HERE) is None
+    assert environment_note({**HERE, "flwr": "0.0"}, HERE) is None  # not a numeric key
+    note = environment_note({**HERE, "cpu_capability": "AVX2", "torch": "2.13.0"}, HERE)
+    assert note is not None
+    assert f"cpu_capability 'AVX2' -> {HERE['cpu_capability']!r}" in note
+    assert f"torch '2.13.0' -> {HERE['torch']!r}" in note
+    assert "(cpu " not in note and "; cpu " not in note  # the model name agreed
+    assert "names no environment" in environment_note(None, HERE)
+
+
+def test_a_resume_keeps_the_first_environment_and_records_its_own(tmp_path: Path) -> None:
+    """The rounds kept from the first attempt were made in its environment: a resume on
+    another machine must not relabel them, and records its own beside its round."""
+    first = {**HERE, "cpu_capability": "AVX2"}
+    writer = ResultsWriter(tmp_path / "run", {}, {"run_id": 1, "environment": first})
+    writer.add(RoundRecord(1, 0.1, 0.2, 0.0, 1.0, 1.0, 10))
+    resumed = ResultsWriter.resume(tmp_path / "run", {}, {"run_id": 2, "environment": HERE}, 1)
+    resumed.add(RoundRecord(2, 0.1, 0.2, 0.0, 1.0, 1.0, 10))
+    resumed.finish()
+    run = json.loads((tmp_path / "run" / "results.json").read_text())["run"]
+    assert run["environment"] == first
+    assert run["resumed"][0]["environment"] == HERE and run["resumed"][0]["after_round"] == 1
+    # a record from before environments were kept does not borrow the resume's
+    old = ResultsWriter(tmp_path / "old", {}, {"run_id": 3})
+    old.add(RoundRecord(1, 0.1, 0.2, 0.0, 1.0, 1.0, 10))
+    ResultsWriter.resume(tmp_path / "old", {}, {"run_id": 4, "environment": HERE}, 1).finish()
+    run = json.loads((tmp_path / "old" / "results.json").read_text())["run"]
+    assert "environment" not in run and run["resumed"][0]["environment"] == HERE
+
+
+def write_record(path: Path, run: dict) -> Path:
+    document = {
+        "config": {"algo": "fedavg", "num-server-rounds": 5},
+        "run": {"num_clients": 4, "status": "completed", **run},
+        "rounds": [round_record(1), round_record(2)],
+    }
+    path.mkdir(parents=True)
+    (path / "results.json").write_text(json.dumps(document))
+    return path / "results.json"
+
+
+def test_replay_says_when_the_record_was_made_elsewhere(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Same rounds replayed (exit 0) in three cases: the note appears only where the
+    recorded environment differs or is missing, and names the first attempt or the resume."""
+    rounds = [round_record(1), round_record(2)]
+    monkeypatch.setattr(replay, "run_until_round", lambda *_: (rounds, {"status": "running"}))
+    same = write_record(tmp_path / "same", {"environment": HERE})
+    assert main([str(same), "--rounds", "2", "--out", str(tmp_path / "r1")]) == 0
+    assert "environment" not in capsys.readouterr().out
+    other = {**HERE, "cpu_capability": "AVX2"}
+    elsewhere = write_record(
+        tmp_path / "elsewhere",
+        {"environment": HERE, "resumed": [{"run_id": 5, "after_round": 1, "environment": other}]},
+    )
+    assert main([str(elsewhere), "--rounds", "2", "--out", str(tmp_path / "r2")]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "replay: note: rounds after 1: recorded in another environment (cpu_capability 'AVX2'"
+        in printed
+    )
+    assert printed.count("another environment") == 1
+    unknown = write_record(tmp_path / "unknown", {})
+    assert main([str(unknown), "--rounds", "2", "--out", str(tmp_path / "r3")]) == 0
+    assert "replay: note: the record names no environment" in capsys.readouterr().out
