@@ -29,6 +29,7 @@ from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
+    CPU_CAPABILITY,
     DP_REFERENCE,
     GLOBAL_ARRAYS,
     HANDLER_SECONDS,
@@ -43,6 +44,7 @@ from fedreg_app.protocol import (
     STATE_KEY,
     STATE_ON_DISK,
     STATE_RESETS,
+    TORCH_VERSION,
     WEIGHTS_QUERY,
     is_valid_state_key,
 )
@@ -203,9 +205,14 @@ def reply(
 
 @functools.cache
 def where_running() -> dict[str, str]:
-    """This process's host name and, inside a Ray worker (a simulation's client actor),
-    its Ray node id: on a multi-node Ray cluster, which machine ran the client."""
-    where = {HOSTNAME: socket.gethostname()}
+    """This process's host name, torch build and CPU kind (a device's figures replay
+    bit-exactly only on the same) and, inside a Ray worker (a simulation's client
+    actor), its Ray node id: on a multi-node Ray cluster, which machine ran the client."""
+    where = {
+        HOSTNAME: socket.gethostname(),
+        TORCH_VERSION: torch.__version__,
+        CPU_CAPABILITY: torch.backends.cpu.get_cpu_capability(),
+    }
     ray = sys.modules.get("ray")  # imported by the simulation's actors, never here
     if ray is not None and ray.is_initialized():
         where[RAY_NODE] = ray.get_runtime_context().get_node_id()

@@ -19,10 +19,13 @@ GLOBAL_ARRAYS = "global-arrays"
 DP_REFERENCE = "dp-reference"
 METRICS = "metrics"
 CONFIG = "config"
-#: Replies: where the client ran (config record: ``hostname``, and ``ray-node``, the Ray
-#: node id, in a simulation), so a cluster run can show its clients were spread.
+#: Replies: where the client ran (config record: ``hostname``, ``torch`` and
+#: ``cpu-capability``, on which bit-exact replays depend, and ``ray-node``, the Ray node
+#: id, in a simulation), so a cluster run can show its clients were spread.
 HOST = "host"
 HOSTNAME = "hostname"
+TORCH_VERSION = "torch"
+CPU_CAPABILITY = "cpu-capability"
 RAY_NODE = "ray-node"
 
 # Message config, server -> client.

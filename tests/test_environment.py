@@ -12,6 +12,7 @@ from fedreg_app import replay
 from fedreg_app.environment import NUMERIC_KEYS, cpu_model, describe_environment, environment_note
 from fedreg_app.metrics import ResultsWriter, RoundRecord
 from fedreg_app.replay import main
+from tests.inprocess import results, run_server
 from tests.test_replay import round_record
 
 HERE = describe_environment()
@@ -98,3 +99,24 @@ def test_replay_says_when_the_record_was_made_elsewhere(
     unknown = write_record(tmp_path / "unknown", {})
     assert main([str(unknown), "--rounds", "2", "--out", str(tmp_path / "r3")]) == 0
     assert "replay: note: the record names no environment" in capsys.readouterr().out
+
+
+def test_a_run_records_its_environment_and_each_clients_torch_and_cpu_kind(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """The real ServerApp and ClientApp handlers, in this process: the results file says
+    where the ServerApp ran, and each trained client's reply where it ran."""
+    run_config = {
+        "algo": "fedavg", "dataset-path": str(grey_dataset), "local-epochs": 1,
+        "fraction-train": 0.5, "min-partition-size": 5, "num-server-rounds": 1, "seed": 5,
+        "results-dir": str(tmp_path / "results"),
+    }  # fmt: skip
+    _, stopped = run_server(run_config)
+    assert stopped is None
+    document = results(tmp_path / "results")
+    assert document["run"]["environment"] == HERE
+    [round1] = document["rounds"]
+    assert len(round1["client_hosts"]) == 2
+    for host in round1["client_hosts"].values():
+        assert host["torch"] == torch.__version__
+        assert host["cpu-capability"] == HERE["cpu_capability"]
