@@ -25,9 +25,10 @@ EVAL_BATCH_ENV = "FEDREG_EVAL_BATCH"
 #: rows on one machine of this workplace, up to 15 on another (AVX-512). 64 leaves a margin.
 MIN_EVAL_BATCH = 64
 #: Samples per CPU thread in an evaluation batch: on one thread the forward pass of the
-#: convolutional models here runs 1.26-1.41x faster at 128 samples than at 512, where a
-#: layer's activations no longer fit in the caches, and the char-LSTM 1.14x; the MLP, one
-#: matrix product per layer, runs at 0.87x (``benchmarks/eval_batch.py``, README (d)).
+#: convolutional models here ran 1.07-1.41x faster at 128 samples than at 512, where a
+#: layer's activations no longer fit in the caches, and the char-LSTM 1.08-1.14x; the
+#: MLP, one matrix product per layer, at 0.87-0.88x (two runs of
+#: ``benchmarks/eval_batch.py``; README, benchmark (d)).
 CPU_EVAL_BATCH_PER_THREAD = 128
 #: A GPU's evaluation batch: what every run before issue 13 used on any device.
 GPU_EVAL_BATCH = 512
