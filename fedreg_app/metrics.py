@@ -181,9 +181,11 @@ class ResultsWriter:
             "run_id": document["run"]["run_id"],  # the first run's id names the folder
         }  # fmt: skip
         # The rounds kept were made where the first attempt ran; each resume names its own.
-        continued.pop("environment", None)
-        if "environment" in earlier:
-            continued["environment"] = earlier["environment"]
+        # (With no round kept, every round is this attempt's.)
+        if after_round > 0:
+            continued.pop("environment", None)
+            if "environment" in earlier:
+                continued["environment"] = earlier["environment"]
         kept = [RoundRecord(**r) for r in document["rounds"][:after_round]]
         return cls(folder, config, continued, kept, tensorboard)
 

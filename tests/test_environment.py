@@ -61,6 +61,12 @@ def test_a_resume_keeps_the_first_environment_and_records_its_own(tmp_path: Path
     ResultsWriter.resume(tmp_path / "old", {}, {"run_id": 4, "environment": HERE}, 1).finish()
     run = json.loads((tmp_path / "old" / "results.json").read_text())["run"]
     assert "environment" not in run and run["resumed"][0]["environment"] == HERE
+    # stopped before its first round: every round is the resumed attempt's
+    ResultsWriter(tmp_path / "early", {}, {"run_id": 5, "environment": first})
+    ResultsWriter.resume(tmp_path / "early", {}, {"run_id": 6, "environment": HERE}, 0).finish()
+    assert (
+        json.loads((tmp_path / "early" / "results.json").read_text())["run"]["environment"] == HERE
+    )
 
 
 def write_record(path: Path, run: dict) -> Path:
