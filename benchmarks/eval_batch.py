@@ -1,6 +1,6 @@
 """Forward-pass speed of evaluation at several batch sizes, for every model, on the CPU,
-and whether each sample's logits are the same at every size. Why the CPU default is 128
-samples per thread rather than 512 (``fedreg_app.training.eval_batch_size``).
+and how far the logits (and predictions) move from batch 512's. Why the CPU default is
+128 samples per thread rather than 512 (``fedreg_app.training.eval_batch_size``).
 
 The sizes are timed in turns (all sizes once, then again, ``--repeats`` times), so a
 machine that drifts slows every size alike; the figure is each size's median time

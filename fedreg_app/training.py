@@ -81,8 +81,8 @@ def eval_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Normalised batches in order, of ``eval_batch_size`` samples, where a remainder of
     fewer than ``MIN_EVAL_BATCH`` samples joins the batch before it: then, on one CPU
-    thread, each sample's outputs are the same at any batch size (on the CPUs seen here,
-    ``MIN_EVAL_BATCH``)."""
+    thread, each sample's outputs are the same at any batch size (on every CPU seen here:
+    see ``MIN_EVAL_BATCH``)."""
     n = len(data)
     starts = list(range(0, n, eval_batch_size(device)))
     if len(starts) > 1 and n - starts[-1] < MIN_EVAL_BATCH:
