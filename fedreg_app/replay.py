@@ -315,6 +315,72 @@ def environment_notes(recording: Recording, current: dict[str, Any]) -> list[str
     return notes
 
 
+#: What a client's reply says of where it ran (``client_hosts``), against the keys of
+#: :func:`~fedreg_app.environment.describe_environment` it corresponds to.
+CLIENT_NUMERIC_KEYS = {"torch": "torch", "cpu-capability": "cpu_capability"}
+
+
+def client_environments(rounds: list[dict[str, Any]], upto: int) -> dict[tuple, list[int]]:
+    """The (torch, CPU capability) pairs the clients of rounds 1..``upto`` said they
+    trained on, each with the partitions that said it (replies that name neither, as
+    records made before clients reported them, are left out)."""
+    seen: dict[tuple, set[int]] = {}
+    for record in rounds[:upto]:
+        hosts = record.get("client_hosts")
+        if not isinstance(hosts, dict):
+            continue
+        for partition, host in hosts.items():
+            if not isinstance(host, dict) or not any(k in host for k in CLIENT_NUMERIC_KEYS):
+                continue
+            kind = tuple((key, host.get(key)) for key in CLIENT_NUMERIC_KEYS)
+            if str(partition).isdigit():
+                seen.setdefault(kind, set()).add(int(partition))
+    return {kind: sorted(partitions) for kind, partitions in seen.items()}
+
+
+def _describe_kind(kind: tuple, partitions: list[int] | None = None) -> str:
+    said = ", ".join(f"{key} {value!r}" for key, value in kind)
+    if not partitions:
+        return said
+    shown = ", ".join(map(str, partitions[:8])) + (" ..." if len(partitions) > 8 else "")
+    return f"{said} (partitions {shown})"
+
+
+def client_environment_notes(rounds: list[dict[str, Any]], upto: int,
+                             current: dict[str, Any]) -> list[str]:  # fmt: skip
+    """A note where clients of the compared rounds trained with another torch build or
+    CPU kind than ``current`` (a deployed run's devices, or a Ray cluster's machines):
+    their updates are replayed here, on this machine's kernels."""
+    here = tuple((key, current.get(name)) for key, name in CLIENT_NUMERIC_KEYS.items())
+    elsewhere = [
+        _describe_kind(kind, partitions)
+        for kind, partitions in client_environments(rounds, upto).items()
+        if kind != here
+    ]
+    if not elsewhere:
+        return []
+    return [
+        f"clients of rounds 1..{upto} trained in another environment than this one "
+        f"({'; '.join(elsewhere)}): bit-identical figures are expected only where each "
+        "update is recomputed on the same CPU kind and torch build"
+    ]
+
+
+def client_environment_differences(first: Recording, second: Recording,
+                                   rounds: int) -> list[str]:  # fmt: skip
+    """``--against``: a note where the clients of the compared rounds said they trained
+    on other (torch, CPU capability) kinds in the two records."""
+    kinds = [set(client_environments(r.rounds, rounds)) for r in (first, second)]
+    if not kinds[0] or not kinds[1] or kinds[0] == kinds[1]:
+        return []
+    said = ["; ".join(_describe_kind(kind) for kind in sorted(k, key=str)) for k in kinds]
+    return [
+        f"clients of rounds 1..{rounds} trained in other environments in the two records "
+        f"(the first: {said[0]}; the other: {said[1]}): bit-identical figures are "
+        "expected only on the same CPU kinds and torch builds"
+    ]
+
+
 # ------------------------------------------------------------------ running
 def run_until_round(
     run_config: dict[str, Any], clients: int, rounds: int, folder: Path, poll_seconds: float = 0.5
@@ -398,7 +464,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
     except (ConfigError, OSError) as err:
         parser.error(str(err))
-    for note in [*notes, *environment_notes(recording, describe_environment())]:
+    here = describe_environment()
+    for note in [
+        *notes,
+        *environment_notes(recording, here),
+        *client_environment_notes(recording.rounds, args.rounds, here),
+    ]:
         print(f"replay: note: {note}", flush=True)
     print(
         f"replay: rounds 1..{args.rounds} of {run_config.get('algo')} "
@@ -432,6 +503,7 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
         rounds = args.rounds or min(len(first.rounds), len(second.rounds))
         check_rounds(first, rounds)
         check_rounds(second, rounds)
+        notes += client_environment_differences(first, second, rounds)
     except (ConfigError, OSError) as err:
         parser.error(str(err))
     for note in notes:

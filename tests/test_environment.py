@@ -107,6 +107,48 @@ def test_replay_says_when_the_record_was_made_elsewhere(
     assert "replay: note: the record names no environment" in capsys.readouterr().out
 
 
+def hosts(kinds: dict[int, str]) -> dict[str, dict[str, str]]:
+    """``client_hosts`` of a round: partition -> what its reply said, by CPU capability."""
+    return {
+        str(partition): {"hostname": "board", "torch": HERE["torch"], "cpu-capability": kind}
+        for partition, kind in kinds.items()
+    }
+
+
+def test_replay_says_when_clients_trained_elsewhere(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A deployed run's devices (or a Ray cluster's machines) recorded in ``client_hosts``:
+    a note names the partitions whose updates came from another CPU kind in the replayed
+    rounds, none when every client ran as this machine does, and a later round's device
+    is not counted for a replay of round 1."""
+    rounds = [round_record(1), round_record(2)]
+    monkeypatch.setattr(replay, "run_until_round", lambda *_: (rounds, {"status": "running"}))
+    here = HERE["cpu_capability"]
+
+    def record(name: str, first: dict[int, str], second: dict[int, str]) -> Path:
+        path = write_record(tmp_path / name, {"environment": HERE})
+        document = json.loads(path.read_text())
+        document["rounds"][0]["client_hosts"] = hosts(first)
+        document["rounds"][1]["client_hosts"] = hosts(second)
+        path.write_text(json.dumps(document))
+        return path
+
+    same = record("same", {0: here, 1: here}, {2: here, 3: "NEON"})
+    assert main([str(same), "--rounds", "1", "--out", str(tmp_path / "r1")]) == 0
+    assert "environment" not in capsys.readouterr().out
+    assert main([str(same), "--rounds", "2", "--out", str(tmp_path / "r2")]) == 0
+    printed = capsys.readouterr().out
+    assert "replay: note: clients of rounds 1..2 trained in another environment" in printed
+    assert "cpu-capability 'NEON' (partitions 3)" in printed
+    assert here not in printed.split("another environment", 1)[1]
+    # --against: the same rounds, the clients on other kinds in the two records
+    moved = record("moved", {0: "NEON", 1: here}, {2: here, 3: here})
+    assert main([str(same), "--against", str(moved), "--rounds", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "clients of rounds 1..1 trained in other environments in the two records" in printed
+    assert main([str(same), "--against", str(same)]) == 0
+    assert "environment" not in capsys.readouterr().out
+
+
 def test_a_run_records_its_environment_and_each_clients_torch_and_cpu_kind(
     grey_dataset: Path, tmp_path: Path
 ) -> None:
