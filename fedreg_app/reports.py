@@ -252,12 +252,89 @@ def results_files(root: Path) -> dict[Path, list[Path]]:
     return dict(sorted(files.items()))
 
 
+#: Per-round accuracies a report reads: each a fraction in [0, 1], or null (not evaluated).
+ACCURACY_FIELDS = (
+    "global_accuracy",
+    "personal_accuracy",
+    "personal_accuracy_answered",
+    "personal_accuracy_sampled",
+    "global_accuracy_answered",
+)
+#: Per-round costs a report reads: each a finite number >= 0.
+COST_FIELDS = ("train_seconds", "eval_seconds")
+#: Run-level figures the ResultsWriter derives from the rounds: the best of each field.
+BEST_OF = {
+    "best_global_accuracy": "global_accuracy",
+    "best_personal_accuracy": "personal_accuracy",
+    "best_personal_accuracy_answered": "personal_accuracy_answered",
+    "best_personal_accuracy_sampled": "personal_accuracy_sampled",
+}
+TOTALS = ("total_bytes_to_clients", "total_bytes_from_clients", "total_train_bytes_to_clients",
+          "total_train_bytes_from_clients", "total_trained_parameters")  # fmt: skip
+INVALID = "invalid"
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _round_problem(record: Any, number: int) -> str | None:
+    if not isinstance(record, dict) or record.get("round") != number:
+        return f"rounds[{number - 1}] is not the record of round {number}"
+    for key in ACCURACY_FIELDS:
+        value = record.get(key)
+        if value is not None and not (_real(value) and 0 <= value <= 1):
+            return f"round {number}: {key} is {value!r}; expected a fraction in [0, 1] or null"
+    for key in COST_FIELDS:
+        if not (_real(record.get(key)) and record[key] >= 0):
+            return f"round {number}: {key} is {record.get(key)!r}; expected a number >= 0"
+    return None
+
+
+def document_problem(document: Any) -> str | None:
+    """Why a results.json cannot be reported as it stands (None when it can): a report
+    publishes what the file says, so a value out of range, a round out of place or a best
+    figure the rounds do not give (a hand edit, a damaged copy) is refused, not shown."""
+    if not isinstance(document, dict):
+        return "expected a JSON object with config, run and rounds"
+    config, run = document.get("config"), document.get("run")
+    if not isinstance(run, dict):
+        return "run is not an object"
+    if run_status(document) not in (*FINISHED, *UNFINISHED):
+        return None  # failed or unknown: reported as skipped with what it says
+    if not isinstance(config, dict) or not isinstance(config.get("algo"), str):
+        return "config.algo is missing"
+    clients = run.get("num_clients")
+    if not (isinstance(clients, int) and not isinstance(clients, bool) and clients >= 1):
+        return f"run.num_clients is {clients!r}; expected an integer >= 1"
+    rounds = document.get("rounds")
+    if not isinstance(rounds, list):
+        return "rounds is not a list"
+    for number, record in enumerate(rounds, start=1):
+        problem = _round_problem(record, number)
+        if problem:
+            return problem
+    for best, field in BEST_OF.items():
+        present = [r[field] for r in rounds if r.get(field) is not None]
+        expected = max(present) if present else None
+        if best in document and document[best] != expected:
+            return f"{best} is {document[best]!r} but the rounds' best {field} is {expected!r}"
+    for key in TOTALS:
+        if key in document and not (_real(document[key]) and document[key] >= 0):
+            return f"{key} is {document[key]!r}; expected a number >= 0"
+    return None
+
+
 def read_document(path: Path) -> dict[str, Any]:
-    """A results.json, or an ``unreadable`` status that says why."""
+    """A results.json, or an ``unreadable`` / ``invalid`` status that says why."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        document = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         return {"run": {"status": "unreadable", "error": f"{path.name}: {err}"}}
+    problem = document_problem(document)
+    if problem:
+        return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}
+    return document
 
 
 def scan(root: Path, unfinished: bool = False) -> Collection:
@@ -275,6 +352,12 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
             run = runs[-1].get("run", {})
             skipped.append(Skipped(seed_folder, run.get("status") or "no status", run.get("error")))
             continue
+        # a damaged file beside the run used is named, never passed over in silence
+        skipped += [
+            Skipped(path, run_status(d), d["run"].get("error"))
+            for path, d in zip(paths, runs, strict=True)
+            if run_status(d) in (INVALID, "unreadable")
+        ]
         results.append(
             RunResult(
                 experiment=seed_folder.parent.parent.name,

@@ -696,7 +696,8 @@ class RoundsSuperLink(FakeSuperLink):
         document["run"]["status"] = "running"
         for server_round in range(checkpoint_round(folder) + 1, config["num-server-rounds"] + 1):
             yield
-            document["rounds"] = [document["rounds"][0]] * server_round
+            first = document["rounds"][0]
+            document["rounds"] = [{**first, "round": k} for k in range(1, server_round + 1)]
             (folder / "results.json").write_text(json.dumps(document))
             Checkpoint(
                 round=server_round, model={"w": np.ones(2)}, strategy_arrays={},

@@ -226,6 +226,45 @@ def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
     assert "- smoke/fedreg/seed1: failed: boom" in table
 
 
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda d: d["rounds"][1].update(global_accuracy="0.9"), "round 2: global_accuracy is"),
+        (lambda d: d["rounds"][2].update(personal_accuracy=7.5), "round 3: personal_accuracy is 7"),
+        (lambda d: d["rounds"][0].update(global_accuracy=float("nan")), "round 1: global_accuracy"),
+        (lambda d: d["rounds"][0].update(train_seconds=-1), "round 1: train_seconds is -1"),
+        (lambda d: d["rounds"].pop(1), "rounds[1] is not the record of round 2"),
+        (lambda d: d.update(best_global_accuracy=0.99), "best_global_accuracy is 0.99 but"),
+        (lambda d: d["run"].update(num_clients="20"), "run.num_clients is '20'"),
+        (lambda d: d["config"].pop("algo"), "config.algo is missing"),
+    ],
+)
+def test_a_results_file_that_the_rounds_do_not_bear_out_is_refused_and_named(
+    tmp_path: Path, edit, problem: str
+) -> None:
+    """A report publishes what the files say: an edited or damaged file is left out with
+    the reason, even when an older finished run of the seed stands beside it (used
+    instead, but the damaged one is named), and the report still gets written."""
+    fake_run(tmp_path, "e", "fedreg", 0, run="run-1")
+    fake_run(tmp_path, "e", "fedreg", 0, run="run-2", globals_=(0.5, 0.6, 0.75))
+    fake_run(tmp_path, "e", "fedavg", 0)
+    for cell in ("fedreg", "fedavg"):
+        path = next((tmp_path / "e" / cell / "seed0").glob("run-*/results.json"))
+        if cell == "fedreg":
+            path = tmp_path / "e" / "fedreg" / "seed0" / "run-2" / "results.json"
+        document = json.loads(path.read_text())
+        edit(document)
+        path.write_text(json.dumps(document))
+    collection = scan(tmp_path)
+    assert [(r.cell, r.best_global) for r in collection.results] == [("fedreg", 0.7)]
+    note = collection.skipped_note(tmp_path)
+    assert f"- e/fedreg/seed0/run-2/results.json: invalid: results.json: {problem}" in note
+    assert f"- e/fedavg/seed0: invalid: results.json: {problem}" in note
+    table = write_report(tmp_path, tmp_path / "report")[0].read_text()
+    assert "| fedreg | 70.00 | 90.00 | 1 |" in table and "| fedavg |" not in table
+    assert problem in table
+
+
 def test_a_root_of_failed_runs_only_is_an_error_that_says_why(tmp_path: Path, capsys) -> None:
     fake_run(tmp_path, "smoke", "fedreg", 0, status="failed", error="boom")
     with pytest.raises(FileNotFoundError, match="seed0: failed: boom"):
