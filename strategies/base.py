@@ -142,6 +142,10 @@ class PersonalizedStrategy(Strategy):
         self._current: dict[str, np.ndarray] = {}
         #: Each partition's test-split size, as its evaluation replies gave it.
         self.test_sizes: dict[int, int] = {}
+        #: Each partition's aggregation weights (its split sizes), as its first accepted
+        #: training reply gave them: a later reply must say the same (a partition's data
+        #: is fixed for a run), so a client cannot grow its share of the average.
+        self.train_weights: dict[int, dict[str, float]] = {}
         if config.global_eval != "auto":
             if not self.has_global_model:
                 raise ConfigError(
@@ -258,6 +262,8 @@ class PersonalizedStrategy(Strategy):
         state: dict[str, Any] = {
             "sampling_rng": self.sampling_rng.bit_generator.state,
             "trained_partitions": sorted(self.trained_partitions),
+            "test_sizes": {str(p): n for p, n in sorted(self.test_sizes.items())},
+            "train_weights": {str(p): w for p, w in sorted(self.train_weights.items())},
         }
         if self.config.private:
             state["dp_releases"] = [list(r) for r in self.dp_releases]
@@ -270,6 +276,11 @@ class PersonalizedStrategy(Strategy):
         self.sampling_rng.bit_generator.state = state["sampling_rng"]
         if "trained_partitions" in state:
             self.trained_partitions = {int(p) for p in state["trained_partitions"]}
+        self.test_sizes = {int(p): int(n) for p, n in state.get("test_sizes", {}).items()}
+        self.train_weights = {
+            int(p): {str(k): float(v) for k, v in w.items()}
+            for p, w in state.get("train_weights", {}).items()
+        }
         self.dp_releases = [(int(k), int(n)) for k, n in state.get("dp_releases", [])]
         local = state.get("dp_local_releases", {})
         self.dp_local_releases = {int(p): int(n) for p, n in local.items()}
@@ -354,13 +365,26 @@ class PersonalizedStrategy(Strategy):
         )
         if problem:
             return problem
+        keys = sorted(set(self.group_weights.values()))
         declared = self.population_weights.get(partition_id)
         if declared is not None:  # central DP: the weights the denominators were built on
-            for key in set(self.group_weights.values()):
+            for key in keys:
                 if metrics[key] != declared.get(key):
                     return f"metric {key}={metrics[key]!r}, declared {declared.get(key)!r}"
-        return arrays_problem(from_record(msg.content[ARRAYS]),
-                              self.expected_reply_arrays(server_round))  # fmt: skip
+        earlier = self.train_weights.get(partition_id, {})
+        for key in keys:
+            if key in earlier and metrics[key] != earlier[key]:
+                return (
+                    f"metric {key}={metrics[key]!r}, but partition {partition_id} said "
+                    f"{earlier[key]!r} before (a partition's data is fixed for a run)"
+                )
+        problem = arrays_problem(from_record(msg.content[ARRAYS]),
+                                 self.expected_reply_arrays(server_round))  # fmt: skip
+        if not problem:
+            self.train_weights.setdefault(partition_id, {}).update(
+                {key: float(metrics[key]) for key in keys}
+            )
+        return problem
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -435,10 +459,19 @@ class PersonalizedStrategy(Strategy):
         problem = reply_metrics_problem(metrics, partition_id, (NUM_TEST, *counted))
         if problem:
             return problem
+        for key in (NUM_TEST, *counted):
+            if not float(metrics[key]).is_integer():
+                return f"metric {key}={metrics[key]!r} is not a whole count"
         total = metrics[NUM_TEST]
         for key in counted:
             if metrics[key] > total or total < 1:
                 return f"{key}={metrics[key]} of {NUM_TEST}={total}"
+        known = self.test_sizes.get(partition_id)
+        if known is not None and total != known:
+            return (
+                f"{NUM_TEST}={total}, but partition {partition_id} said {known} before "
+                "(a partition's test split is fixed for a run)"
+            )
         return ""
 
     def aggregate_evaluate(

@@ -229,6 +229,64 @@ def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_pat
     assert 0 <= record["personal_accuracy_answered"] <= 1
 
 
+def _grown_weight(arrays, metrics):
+    metrics[NUM_EXAMPLES] = metrics[NUM_EXAMPLES] * 100
+
+
+def test_a_client_that_grows_its_weight_after_an_honest_round_is_dropped_even_across_a_resume(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """Every client trains every round. Partition 0 answers honestly in round 1, then
+    claims 100 times its samples in round 2 (to dominate the average), after the server
+    was killed and resumed between the rounds: the claim is checked against what the
+    partition said before (kept in the checkpoint), dropped, and the round's model is
+    bit-identical to a run in which that client simply failed in round 2."""
+    config = {**base, "fraction-train": 1.0, "num-server-rounds": 2}
+    failed = {**config, "results-dir": str(tmp_path / "failed"), "state-dir": str(tmp_path / "sf")}
+    run_server(failed, faults={(TRAIN, 2, 0): raising("dropped")})
+    part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
+    _, stopped = run_server(part, run_id=2, kill_after=(TRAIN, 2, 1))
+    assert isinstance(stopped, ServerKilled)
+    [run_folder] = list((tmp_path / "part").glob("*/"))
+    _, stopped = run_server({**part, "resume": str(run_folder)}, run_id=3,
+                            faults={(TRAIN, 2, 0): craft(_grown_weight)})  # fmt: skip
+    assert stopped is None
+    record = results(tmp_path / "part")["rounds"][1]
+    assert (record["train_replies"], record["train_failures"]) == (3, 1)
+    assert "partition 0 said" in record["errors"][0]["error"], record["errors"]
+    assert_same_arrays(final_model(tmp_path / "part"), final_model(tmp_path / "failed"))
+
+
+def _test_size_changed(metrics):
+    metrics[NUM_TEST] = metrics[NUM_TEST] + 7
+    metrics["personal-correct"] = metrics[NUM_TEST]  # all "correct", inside the new size
+
+
+def _fractional_count(metrics):
+    metrics["personal-correct"] = metrics["personal-correct"] + 0.5
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "in_round"),
+    [(_test_size_changed, "a partition's test split is fixed", 2),
+     (_fractional_count, "is not a whole count", 1)],
+)  # fmt: skip
+def test_an_evaluation_reply_that_changes_its_test_size_or_counts_fractions_is_not_counted(
+    change, reason: str, in_round: int, base: dict[str, Any], tmp_path: Path
+) -> None:
+    def fault(msg: Message, reply: Message | None) -> Message:
+        metrics = dict(reply.content[METRICS])
+        change(metrics)
+        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    run_server({**base, "num-server-rounds": 2}, faults={(EVALUATE, in_round, 3): fault})
+    rounds = results(tmp_path / "results")["rounds"]
+    record = rounds[in_round - 1]
+    assert record["eval_failures"] == 1 and record["personal_accuracy"] is None
+    assert reason in record["errors"][0]["error"], record["errors"]
+    assert all(r["eval_failures"] == 0 for r in rounds if r is not record)
+
+
 # ------------------------------------------------------------------- resume
 def client_states(state_dir: Path) -> dict[str, np.ndarray]:
     """Every partition's newest private state, keyed by partition and array name."""
