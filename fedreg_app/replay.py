@@ -315,6 +315,13 @@ def environment_notes(recording: Recording, current: dict[str, Any]) -> list[str
     return notes
 
 
+def attempt_environments(recording: Recording) -> list[dict[str, Any]]:
+    """The environments a record's attempts ran in: the first's, then each resume's."""
+    resumes = [r for r in recording.run.get("resumed") or [] if isinstance(r, dict)]
+    found = [recording.run.get("environment"), *(r.get("environment") for r in resumes)]
+    return [e for e in found if isinstance(e, dict)]
+
+
 #: What a client's reply says of where it ran (``client_hosts``), against the keys of
 #: :func:`~fedreg_app.environment.describe_environment` it corresponds to.
 CLIENT_NUMERIC_KEYS = {"torch": "torch", "cpu-capability": "cpu_capability"}
@@ -495,8 +502,8 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
                               "not apply (nothing is run)")  # fmt: skip
         first, second = read_recording(args.results), read_recording(args.against)
         notes = check_same_run(first, second)
-        if "environment" in second.run:
-            notes += environment_notes(first, second.run["environment"])
+        for environment in attempt_environments(second):  # every attempt of the other
+            notes += [n for n in environment_notes(first, environment) if n not in notes]
         empty = [r.path for r in (first, second) if not r.rounds]
         if empty:
             raise ConfigError(f"{empty[0]} records no round yet; nothing to compare")

@@ -147,6 +147,14 @@ def test_replay_says_when_clients_trained_elsewhere(tmp_path: Path, capsys, monk
     assert "clients of rounds 1..1 trained in other environments in the two records" in printed
     assert main([str(same), "--against", str(same)]) == 0
     assert "environment" not in capsys.readouterr().out
+    # --against: the other record was resumed on another CPU kind after its first round
+    resumed = json.loads(same.read_text())
+    other = {**HERE, "cpu_capability": "NEON"}
+    resumed["run"]["resumed"] = [{"run_id": 9, "after_round": 1, "environment": other}]
+    (tmp_path / "resumed").mkdir()
+    (tmp_path / "resumed" / "results.json").write_text(json.dumps(resumed))
+    assert main([str(same), "--against", str(tmp_path / "resumed")]) == 0
+    assert f"cpu_capability {here!r} -> 'NEON'" in capsys.readouterr().out
 
 
 def test_a_run_records_its_environment_and_each_clients_torch_and_cpu_kind(
