@@ -33,6 +33,23 @@ def group_of(key: str) -> str:
     return group
 
 
+def checked_value(key: str, value: object, into: torch.Tensor) -> torch.Tensor:
+    """``value`` as a tensor to copy into ``into``, refused (ValueError naming the key)
+    unless it has exactly its shape and dtype and, for floats, finite entries. A model's
+    values come from the wire (the server's message) or the disk (private state, an
+    ``init-model`` file); ``copy_`` alone would broadcast a wrong shape and cast a wrong
+    dtype without a word, and a NaN would be trained on and saved as private state."""
+    tensor = torch.as_tensor(value)
+    if tuple(tensor.shape) != tuple(into.shape) or tensor.dtype != into.dtype:
+        raise ValueError(
+            f"{key}: got {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}, "
+            f"expected {str(into.dtype).removeprefix('torch.')}{list(into.shape)}"
+        )
+    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        raise ValueError(f"{key}: holds NaN or infinite values")
+    return tensor
+
+
 class SplitModel(nn.Module):
     """``base`` then ``head_g`` (global prediction); optional ``head_p`` (private)."""
 
@@ -65,7 +82,7 @@ class SplitModel(nn.Module):
             raise KeyError(f"groups {groups}: missing keys {missing}, unexpected keys {extra}")
         with torch.no_grad():
             for key, tensor in own.items():
-                tensor.copy_(torch.as_tensor(given[key]))
+                tensor.copy_(checked_value(key, given[key], tensor))
 
     def load_entries(self, arrays: dict[str, np.ndarray]) -> None:
         """Copy in the given entries only (some layers of a group, a partial pre-trained
@@ -76,7 +93,7 @@ class SplitModel(nn.Module):
             raise KeyError(f"state-dict keys {unknown} are not in this model")
         with torch.no_grad():
             for key, value in arrays.items():
-                own[key].copy_(torch.as_tensor(value))
+                own[key].copy_(checked_value(key, value, own[key]))
 
     def parameters_of(self, *groups: str) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if group_of(name) in groups]

@@ -22,6 +22,7 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app
+from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import load_arrays
 from fedreg_app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, NUM_TEST, PARTITION_ID
@@ -417,6 +418,50 @@ def test_a_crafted_state_key_cannot_reach_outside_the_state_dir(
     assert not (state_dir / "runs").exists()  # no private state written or read anywhere
     assert [p.name for p in (tmp_path / "state").iterdir()] == ["inner"]
     assert not list(Path("/tmp").glob("abs*")) or not Path("/tmp/abs").exists()
+
+
+@pytest.mark.parametrize(
+    ("craft_arrays", "reason"),
+    [
+        (lambda a: a.update({"base.0.weight": np.full_like(a["base.0.weight"], np.nan)}),
+         "base.0.weight: holds NaN"),
+        (lambda a: a.update({"base.0.bias": np.zeros(1, dtype=np.float32)}),
+         r"base.0.bias: got float32\[1\], expected float32\["),
+        (lambda a: a.update({"head_g.0.bias": a["head_g.0.bias"].astype(np.float64)}),
+         "head_g.0.bias: got float64"),
+    ],
+)  # fmt: skip
+def test_a_crafted_global_model_is_refused_by_the_client_and_nothing_is_saved(
+    craft_arrays, reason: str, base: dict[str, Any], tmp_path: Path
+) -> None:
+    """A device's ClientApp trusts nothing from the wire either: after an honest round 1
+    (its private head committed to the state dir), a round-2 message whose global model
+    holds NaN, a shape that would broadcast or another dtype is refused before any
+    training, and the device's private state stays round 1's (a NaN base would otherwise
+    have been trained on and saved as its private head, for good)."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    state_dir = tmp_path / "state"
+    context = Context(run_id=1, node_id=7, state=RecordDict(),
+                      run_config={**base, "state-dir": str(state_dir)},
+                      node_config={"partition-id": 0, "num-partitions": 4})  # fmt: skip
+    setup = client_app.client_setup(context)
+    model = initial_model(setup.info, setup.config)
+    honest = {k: v.numpy().copy() for k, v in model.state_dict().items()
+              if group_of(k) in ("base", "head_g")}  # fmt: skip
+
+    def message(arrays: dict[str, np.ndarray], server_round: int) -> Message:
+        config = ConfigRecord({"server-round": server_round, "state-key": "run-1"})
+        return Message(RecordDict({ARRAYS: to_record(arrays), CONFIG: config}),
+                       message_type=TRAIN, dst_node_id=7)  # fmt: skip
+
+    client_app.train(message(honest, 1), context)
+    saved = sorted(p.relative_to(state_dir) for p in state_dir.glob("runs/*/partition-*/*"))
+    assert saved and all("round-000001" in str(p) for p in saved)
+    crafted = {k: v.copy() for k, v in honest.items()}
+    craft_arrays(crafted)
+    with pytest.raises(ValueError, match=reason):
+        client_app.train(message(crafted, 2), context)
+    assert sorted(p.relative_to(state_dir) for p in state_dir.glob("runs/*/partition-*/*")) == saved
 
 
 # ------------------------------------------------------------ evaluation paths
