@@ -353,16 +353,22 @@ def _describe_kind(kind: tuple, partitions: list[int] | None = None) -> str:
     return f"{said} (partitions {shown})"
 
 
-def client_environment_notes(rounds: list[dict[str, Any]], upto: int,
+def _client_kind(environment: dict[str, Any]) -> tuple:
+    """A run environment as the (torch, CPU capability) pair a client reply names."""
+    return tuple((key, environment.get(name)) for key, name in CLIENT_NUMERIC_KEYS.items())
+
+
+def client_environment_notes(recording: Recording, upto: int,
                              current: dict[str, Any]) -> list[str]:  # fmt: skip
     """A note where clients of the compared rounds trained with another torch build or
     CPU kind than ``current`` (a deployed run's devices, or a Ray cluster's machines):
-    their updates are replayed here, on this machine's kernels."""
-    here = tuple((key, current.get(name)) for key, name in CLIENT_NUMERIC_KEYS.items())
+    their updates are replayed here, on this machine's kernels. Clients that ran as the
+    record's ServerApp did (a simulation) are left to :func:`environment_notes`."""
+    said = {_client_kind(e) for e in attempt_environments(recording)}
     elsewhere = [
         _describe_kind(kind, partitions)
-        for kind, partitions in client_environments(rounds, upto).items()
-        if kind != here
+        for kind, partitions in client_environments(recording.rounds, upto).items()
+        if kind != _client_kind(current) and kind not in said
     ]
     if not elsewhere:
         return []
@@ -475,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in [
         *notes,
         *environment_notes(recording, here),
-        *client_environment_notes(recording.rounds, args.rounds, here),
+        *client_environment_notes(recording, args.rounds, here),
     ]:
         print(f"replay: note: {note}", flush=True)
     print(

@@ -140,6 +140,14 @@ def test_replay_says_when_clients_trained_elsewhere(tmp_path: Path, capsys, monk
     assert "replay: note: clients of rounds 1..2 trained in another environment" in printed
     assert "cpu-capability 'NEON' (partitions 3)" in printed
     assert here not in printed.split("another environment", 1)[1]
+    # a simulation recorded elsewhere: its clients ran as its ServerApp did, one note
+    simulated = record("simulated", {0: "NEON", 1: "NEON"}, {2: "NEON"})
+    document = json.loads(simulated.read_text())
+    document["run"]["environment"] = {**HERE, "cpu_capability": "NEON"}
+    simulated.write_text(json.dumps(document))
+    assert main([str(simulated), "--rounds", "2", "--out", str(tmp_path / "r3")]) == 0
+    printed = capsys.readouterr().out
+    assert "recorded in another environment" in printed and "clients of rounds" not in printed
     # --against: the same rounds, the clients on other kinds in the two records
     moved = record("moved", {0: "NEON", 1: here}, {2: here, 3: here})
     assert main([str(same), "--against", str(moved), "--rounds", "1"]) == 0
