@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import itertools
 import json
 import math
+import os
 import shlex
 import shutil
 import signal
@@ -84,6 +86,9 @@ STATE_FOLDER = "state"
 MARKER = "runner.json"
 EXIT_FAILED = 1  # some run failed, or its checkpoint cannot be trusted
 EXIT_TIME_UP = 3  # stopped by --max-minutes; the same command continues
+EXIT_BUSY = 4  # another runner is using the same --out
+#: In ``--out``: held (``flock``) by the runner using that folder, with its PID inside.
+RUNNER_LOCK = ".fedreg-experiment.lock"
 
 
 @dataclass(frozen=True)
@@ -479,6 +484,40 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
 
 
+class OutInUseError(Exception):
+    """Another runner holds ``--out``: two would resume the same run folders and share one
+    SuperLink database (``.flwr_home``), writing over each other's results."""
+
+
+@contextlib.contextmanager
+def exclusive_out(out: Path) -> Iterator[None]:
+    """Hold ``out`` for this process (an ``flock`` the kernel releases when the process
+    ends, however it ends: no stale lock after a SIGKILL or a lost machine). Raises
+    :class:`OutInUseError` naming the holder's PID when another process holds it."""
+    out.mkdir(parents=True, exist_ok=True)
+    handle = (out / RUNNER_LOCK).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that has not written its PID yet"
+        handle.close()
+        raise OutInUseError(
+            f"{out} is in use by another fedreg-experiment ({holder}): two runners on one "
+            "--out would resume the same runs and write over each other. Wait for it to "
+            "end, stop that PID, or give this grid another --out"
+        ) from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"PID {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.truncate(0)
+        handle.close()
+
+
 @dataclass
 class Limits:
     """When to stop: ``deadline`` (a time.monotonic() value; None = never) is honoured at
@@ -741,8 +780,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Run config files x algorithms x seeds in Flower's simulation; "
         "resumable; prints mean ± std over seeds.",
         epilog="Exit status: 0 every run finished; 1 some run failed or cannot be resumed; "
-        "2 bad arguments or config; 3 stopped by --max-minutes; 130/143 stopped by "
-        "SIGINT/SIGTERM. After 3, 130 or 143 the same command continues where it stopped.",
+        "2 bad arguments or config; 3 stopped by --max-minutes; 4 another runner is using "
+        "--out; 130/143 stopped by SIGINT/SIGTERM. After 3, 130 or 143 the same command "
+        "continues where it stopped.",
     )
     parser.add_argument("configs", nargs="+", type=Path, help="config files (configs/*.toml)")
     parser.add_argument("--seeds", type=int, help="seeds per cell (default: the file's)")
@@ -777,8 +817,11 @@ def main(argv: list[str] | None = None) -> int:
     deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
     limits = Limits(deadline, args.restart_damaged)
     try:
-        with stop_on_signals():
+        with exclusive_out(args.out), stop_on_signals():
             run_all(specs, args.out / ".flwr_home", limits=limits, declared=declared)
+    except OutInUseError as busy:
+        print(f"fedreg-experiment: {busy}", file=sys.stderr, flush=True)
+        return EXIT_BUSY
     except Stop as stop:
         finished = sum(s.result is not None for s in specs)
         again = shlex.join(["fedreg-experiment", *(sys.argv[1:] if argv is None else argv)])

@@ -23,6 +23,8 @@ from fedreg_app import experiments
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.experiments import (
+    EXIT_BUSY,
+    RUNNER_LOCK,
     Experiment,
     RunSpec,
     cell_id,
@@ -605,6 +607,43 @@ def uninterrupted(grey_dataset: Path, tmp_path_factory: pytest.TempPathFactory) 
     return only_run_folder(root / "out")
 
 
+HOLD_OUT = """
+import sys, time
+from pathlib import Path
+from fedreg_app.experiments import exclusive_out
+with exclusive_out(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Another process (a real one) holds ``--out``: a runner started on it exits 4
+    naming that PID and runs nothing. SIGKILL the holder (no chance to clean up): the
+    kernel releases the lock, and the next runner goes ahead."""
+    config = write(tmp_path / "t.toml", "num-server-rounds = 2\n[experiment]\nname = 't'\n")
+    out = tmp_path / "out"
+    ran = []
+    monkeypatch.setattr(experiments, "run_all", lambda specs, *_, **__: ran.append(specs) or [])
+    monkeypatch.setattr(experiments, "finish", lambda *_: 0)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUT, str(out)], stdout=subprocess.PIPE,
+                              text=True, cwd=Path(__file__).parent.parent)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main([str(config), "--out", str(out)]) == EXIT_BUSY
+        err = capsys.readouterr().err
+        assert f"{out} is in use by another fedreg-experiment (PID {holder.pid}, since" in err
+        assert not ran
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert main([str(config), "--out", str(out)]) == 0
+    assert len(ran) == 1
+    assert (out / RUNNER_LOCK).read_text() == ""  # released, and no stale PID left
+
+
 @pytest.mark.e2e
 def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterrupted_run(
     uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
@@ -625,6 +664,11 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
                           for f in seed.glob("*/checkpoint/state.json")):  # fmt: skip
                 assert runner.poll() is None and time.monotonic() < deadline, "no round 1"
                 time.sleep(0.05)
+            # the same command started twice by mistake: refused while the first runs
+            assert main([str(config), "--out", str(out)]) == EXIT_BUSY
+            assert f"in use by another fedreg-experiment (PID {runner.pid}," in (
+                capsys.readouterr().err
+            )
             os.kill(runner.pid, signal.SIGTERM)
             assert runner.wait(timeout=120) == 128 + signal.SIGTERM
         finally:
