@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import itertools
 import json
 import math
@@ -63,7 +62,7 @@ from fedreg_app.config import ConfigError
 from fedreg_app.launcher import LocalSuperLink, toml_value
 from fedreg_app.metrics import FAILED, first_line, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
-from fedreg_app.persist import save_json
+from fedreg_app.persist import FolderInUseError, hold_folder, release_folder, save_json
 from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.reports import (
     DEGRADED,
@@ -484,38 +483,22 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(sig, old)
 
 
-class OutInUseError(Exception):
-    """Another runner holds ``--out``: two would resume the same run folders and share one
-    SuperLink database (``.flwr_home``), writing over each other's results."""
-
-
 @contextlib.contextmanager
 def exclusive_out(out: Path) -> Iterator[None]:
-    """Hold ``out`` for this process (an ``flock`` the kernel releases when the process
-    ends, however it ends: no stale lock after a SIGKILL or a lost machine). Raises
-    :class:`OutInUseError` naming the holder's PID when another process holds it."""
-    out.mkdir(parents=True, exist_ok=True)
-    handle = (out / RUNNER_LOCK).open("a+")
+    """Hold ``out`` for this runner: two runners on one ``--out`` would resume the same
+    run folders and share one SuperLink database (``.flwr_home``), writing over each
+    other's results. Raises :class:`FolderInUseError` naming the other's PID."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "a process that has not written its PID yet"
-        handle.close()
-        raise OutInUseError(
-            f"{out} is in use by another fedreg-experiment ({holder}): two runners on one "
-            "--out would resume the same runs and write over each other. Wait for it to "
-            "end, stop that PID, or give this grid another --out"
+        handle = hold_folder(out, RUNNER_LOCK, f"another fedreg-experiment (PID {os.getpid()})")
+    except FolderInUseError as busy:
+        raise FolderInUseError(
+            f"{busy}: two runners on one --out would resume the same runs and write over "
+            "each other. Wait for it to end, stop that PID, or give this grid another --out"
         ) from None
     try:
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"PID {os.getpid()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        handle.flush()
         yield
     finally:
-        handle.truncate(0)
-        handle.close()
+        release_folder(handle)
 
 
 @dataclass
@@ -819,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with exclusive_out(args.out), stop_on_signals():
             run_all(specs, args.out / ".flwr_home", limits=limits, declared=declared)
-    except OutInUseError as busy:
+    except FolderInUseError as busy:
         print(f"fedreg-experiment: {busy}", file=sys.stderr, flush=True)
         return EXIT_BUSY
     except Stop as stop:

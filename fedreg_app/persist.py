@@ -8,6 +8,7 @@ aside rather than trusted.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -17,7 +18,7 @@ import zipfile
 from collections.abc import Callable, Mapping
 from logging import WARNING
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import IO, Any, BinaryIO, TypeVar
 
 import numpy as np
 from flwr.common import log
@@ -139,3 +140,38 @@ def read_cache(path: Path, read: Callable[[Path], T]) -> T | None:
             log(WARNING, "cache file %s is damaged (%s: %s): moved aside as %s, rebuilding it "
                 "from the source data", path, type(err).__name__, err, aside.name)  # fmt: skip
         return None
+
+
+class FolderInUseError(RuntimeError):
+    """Another process holds a folder that only one may write at a time."""
+
+
+def hold_folder(folder: Path, lock_name: str, holder: str) -> IO[str]:
+    """Hold ``folder`` for this process: an exclusive ``flock`` on ``folder/lock_name``,
+    which the kernel releases when the file is closed or the process ends, however it
+    ends (no stale lock after a SIGKILL or a lost machine); ``holder`` (who and since
+    when) is written inside for the next one's message. Returns the open file: the lock
+    lasts until :func:`release_folder` or the process's end. Raises
+    :class:`FolderInUseError` naming the holder when another process (or another open
+    of the file in this one) holds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = (folder / lock_name).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        other = handle.read().strip() or "a process that has not written its name yet"
+        handle.close()
+        raise FolderInUseError(f"{folder} is in use by {other}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{holder} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    handle.flush()
+    return handle
+
+
+def release_folder(handle: IO[str]) -> None:
+    """Let the folder go: empty the holder's name, then close (which drops the lock)."""
+    if not handle.closed:
+        handle.truncate(0)
+        handle.close()

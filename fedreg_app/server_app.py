@@ -11,6 +11,7 @@ how it went (``completed``, ``degraded``, ``failed``).
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import traceback
@@ -18,7 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common import log
@@ -37,6 +38,7 @@ from fedreg_app.environment import describe_environment
 from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
+from fedreg_app.persist import hold_folder, release_folder
 from fedreg_app.privacy import require_accounting
 from fedreg_app.protocol import (
     COMPUTE_SECONDS,
@@ -272,6 +274,18 @@ ReplyCheck = Callable[[Message, int], str]
 #: when none do. Flower's ``send_and_receive`` sleeps a fixed 3 s between pulls, which a
 #: deployed round paid once per phase (``benchmarks/deployment_vs_simulation.py``).
 PULL_INTERVAL_S = (0.1, 1.0)
+#: In a run folder: held (``flock``) by the ServerApp writing it, named inside.
+RUN_LOCK = ".serverapp.lock"
+#: The run folder this process holds, released when ``main`` ends however it ends.
+_held: list[IO[str]] = []
+
+
+def hold_run_folder(folder: Path, run_id: int) -> None:
+    """Only one ServerApp writes a run folder: a second resume of a folder that another
+    one is still writing (the same ``resume=`` given twice, a simulation left behind by
+    a killed runner) stops here, before it reads or writes anything of the run, with a
+    :class:`~fedreg_app.persist.FolderInUseError` naming that ServerApp."""
+    _held.append(hold_folder(folder, RUN_LOCK, f"a ServerApp (PID {os.getpid()}, run {run_id})"))
 
 
 def exchange(grid: Grid, messages: list[Message], timeout: float = 0.0) -> list[Message]:
@@ -678,6 +692,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     checkpoint, resumed_folder = None, None
     if config.resume:
         checkpoint, resumed_folder = Checkpoint.load(Path(config.resume))
+        hold_run_folder(resumed_folder, context.run_id)
         checkpoint.check_compatible(config)
     partitions, facts = discover_partitions(grid)
     strategy.set_partitions(partitions)
@@ -702,6 +717,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     if checkpoint is None:
         writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),
                                run_info, tensorboard=config.tensorboard)  # fmt: skip
+        hold_run_folder(writer.folder, context.run_id)
         strategy.state_key = writer.folder.name
         arrays, first_round = to_record(model.group_state(BASE, HEAD_G, EXTRA)), 1
     else:
@@ -721,6 +737,15 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    try:
+        run(grid, context)
+    finally:
+        while _held:
+            release_folder(_held.pop())
+
+
+def run(grid: Grid, context: Context) -> None:
+    """Start or resume the run, train its rounds, write its final status."""
     writer: ResultsWriter | None = None
     try:
         setup = start_run(grid, context)

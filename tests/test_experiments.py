@@ -634,7 +634,7 @@ def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
         assert holder.stdout.readline().strip() == "held"
         assert main([str(config), "--out", str(out)]) == EXIT_BUSY
         err = capsys.readouterr().err
-        assert f"{out} is in use by another fedreg-experiment (PID {holder.pid}, since" in err
+        assert f"{out} is in use by another fedreg-experiment (PID {holder.pid}) since" in err
         assert not ran
     finally:
         holder.kill()
@@ -666,7 +666,7 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
                 time.sleep(0.05)
             # the same command started twice by mistake: refused while the first runs
             assert main([str(config), "--out", str(out)]) == EXIT_BUSY
-            assert f"in use by another fedreg-experiment (PID {runner.pid}," in (
+            assert f"in use by another fedreg-experiment (PID {runner.pid}) since" in (
                 capsys.readouterr().err
             )
             os.kill(runner.pid, signal.SIGTERM)
