@@ -142,6 +142,10 @@ def read_cache(path: Path, read: Callable[[Path], T]) -> T | None:
         return None
 
 
+#: In a run folder: held (``flock``) by the ServerApp writing it, named inside.
+RUN_FOLDER_LOCK = ".serverapp.lock"
+
+
 class FolderInUseError(RuntimeError):
     """Another process holds a folder that only one may write at a time."""
 
@@ -175,3 +179,20 @@ def release_folder(handle: IO[str]) -> None:
     if not handle.closed:
         handle.truncate(0)
         handle.close()
+
+
+def folder_holder(folder: Path, lock_name: str) -> str | None:
+    """Who holds ``folder`` now (the name it wrote), or None when no process does. A
+    probe with a shared lock, dropped at once: it never waits, and it does not create
+    the lock file."""
+    try:
+        handle = (folder / lock_name).open()
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "a process that has not written its name yet"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None

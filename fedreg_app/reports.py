@@ -61,6 +61,7 @@ from fedreg_app.config import ConfigError  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
 from fedreg_app.metrics import COMPLETED, DEGRADED, RUNNING, STOPPED  # noqa: E402
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
+from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
 from fedreg_app.registry import load_config  # noqa: E402
 
 CELL_SEPARATOR = "__"
@@ -138,6 +139,7 @@ class RunResult:
     cell: str  # the cell folder, e.g. ``fedreg`` or ``fedreg__variant-a``
     seed: int
     document: dict[str, Any]
+    folder: Path | None = None  # where its results.json lies
 
     @property
     def algo(self) -> str:
@@ -172,6 +174,11 @@ class RunResult:
         if run.get("status") == STOPPED:
             stopped = run.get("stopped") or {}
             return f"stopped ({stopped.get('reason', 'by the runner')}; resumable)"
+        holder = None if self.folder is None else folder_holder(self.folder, RUN_FOLDER_LOCK)
+        if holder is not None:
+            return f"running now ({holder})"
+        if self.folder is not None and (self.folder / RUN_FOLDER_LOCK).exists():
+            return "killed: status `running` but no ServerApp holds it; resumable"
         return "running (in progress when written, or killed with no chance to say so)"
 
     @property
@@ -345,6 +352,7 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
     results, skipped = [], []
     for seed_folder, paths in results_files(root).items():
         runs = [read_document(path) for path in paths]
+        where = {id(d): path.parent for d, path in zip(runs, paths, strict=True)}
         kept = [d for d in runs if run_status(d) in FINISHED]
         if not kept and unfinished:
             kept = [d for d in runs if run_status(d) in UNFINISHED and d.get("rounds")]
@@ -364,6 +372,7 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
                 cell=seed_folder.parent.name,
                 seed=int(seed_folder.name.removeprefix("seed")),
                 document=kept[-1],
+                folder=where[id(kept[-1])],
             )
         )
     return Collection(results, skipped)

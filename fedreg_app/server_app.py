@@ -38,7 +38,7 @@ from fedreg_app.environment import describe_environment
 from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import hold_folder, release_folder
+from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder, release_folder
 from fedreg_app.privacy import require_accounting
 from fedreg_app.protocol import (
     COMPUTE_SECONDS,
@@ -274,8 +274,7 @@ ReplyCheck = Callable[[Message, int], str]
 #: when none do. Flower's ``send_and_receive`` sleeps a fixed 3 s between pulls, which a
 #: deployed round paid once per phase (``benchmarks/deployment_vs_simulation.py``).
 PULL_INTERVAL_S = (0.1, 1.0)
-#: In a run folder: held (``flock``) by the ServerApp writing it, named inside.
-RUN_LOCK = ".serverapp.lock"
+RUN_LOCK = RUN_FOLDER_LOCK  # held by the ServerApp writing a run folder
 #: The run folder this process holds, released when ``main`` ends however it ends.
 _held: list[IO[str]] = []
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +17,7 @@ import fedreg_app
 from fedreg_app.config import ConfigError
 from fedreg_app.experiments import Experiment, cell_id
 from fedreg_app.overrides import declared_run_config
+from fedreg_app.persist import RUN_FOLDER_LOCK
 from fedreg_app.reports import (
     ANSWERED_NOTE,
     DEGRADED_NOTE,
@@ -32,6 +35,16 @@ from fedreg_app.reports import (
     scan,
     write_report,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
+HOLD_RUN_FOLDER = """
+import sys, time
+from pathlib import Path
+from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder
+held = hold_folder(Path(sys.argv[1]), RUN_FOLDER_LOCK, "a ServerApp (PID 4242, run 7)")
+print("held", flush=True)
+time.sleep(300)
+"""
 
 
 def fake_run(
@@ -342,6 +355,28 @@ def test_unfinished_runs_are_skipped_unless_asked_then_marked_with_rounds_done(
         "fedreg"
         not in write_report(tmp_path, tmp_path / "plain")[0].read_text().split("Skipped")[0]
     )
+
+
+def test_a_running_run_says_whether_a_serverapp_still_holds_it(tmp_path: Path) -> None:
+    """Status ``running`` is what the ServerApp wrote last; the report asks the run
+    folder's lock who holds it now: a live ServerApp (a real process here), none (it was
+    killed: resumable), or no lock file at all (a record from before locks: unknown)."""
+    fake_run(tmp_path, "t", "fedreg", 0, status="running")
+    [folder] = [p.parent for p in tmp_path.glob("t/fedreg/seed0/*/results.json")]
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUN_FOLDER, str(folder)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        [run] = scan(tmp_path, unfinished=True).results
+        assert run.state.startswith("running now (a ServerApp (PID 4242, run 7) since ")
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    [run] = scan(tmp_path, unfinished=True).results
+    assert run.state == "killed: status `running` but no ServerApp holds it; resumable"
+    (folder / RUN_FOLDER_LOCK).unlink()
+    [run] = scan(tmp_path, unfinished=True).results
+    assert run.state.startswith("running (in progress when written, or killed")
 
 
 def test_a_run_the_runner_stopped_reads_as_stopped_not_running(tmp_path: Path) -> None:
