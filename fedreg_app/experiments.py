@@ -62,7 +62,14 @@ from fedreg_app.config import ConfigError
 from fedreg_app.launcher import LocalSuperLink, toml_value
 from fedreg_app.metrics import FAILED, first_line, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
-from fedreg_app.persist import FolderInUseError, hold_folder, release_folder, save_json
+from fedreg_app.persist import (
+    RUN_FOLDER_LOCK,
+    FolderInUseError,
+    folder_holder,
+    hold_folder,
+    release_folder,
+    save_json,
+)
 from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.reports import (
     DEGRADED,
@@ -324,6 +331,12 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     if not folders:
         return Attempt()
     folder = folders[0]
+    holder = folder_holder(folder, RUN_FOLDER_LOCK)
+    if holder is not None:  # a ServerApp still writes it (one a killed runner left behind)
+        return Attempt(problem=(
+            f"{folder} is in use by {holder}: not resumed while that process writes it; "
+            "stop it (by its PID) or let it end, then run the same command"
+        ))  # fmt: skip
     try:
         document = json.loads((folder / "results.json").read_text())
         status = run_status(document)

@@ -452,6 +452,41 @@ def test_runs_whose_clients_keep_state_get_their_own_state_dir(tmp_path: Path) -
     assert shared.state_dir == tmp_path / "mine" and not shared.own_state_dir
 
 
+ROOT = Path(__file__).resolve().parent.parent
+HOLD_RUN_FOLDER = """
+import sys, time
+from pathlib import Path
+from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder
+held = hold_folder(Path(sys.argv[1]), RUN_FOLDER_LOCK, "a ServerApp (PID 4242, run 7)")
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_run_folder_a_serverapp_still_writes_is_left_alone_even_with_restart_damaged(
+    tmp_path: Path,
+) -> None:
+    """Status ``running``, and a live process (a real one) holds the folder: a simulation
+    a killed runner left behind. The runner neither resumes it nor starts it anew (with
+    ``--restart-damaged`` too: nothing is damaged), and names the holder; once the holder
+    is gone the run is resumed as any interrupted one."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    folder = interrupted_run(spec, "running")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUN_FOLDER, str(folder)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for restart in (False, True):
+            attempt = decide(spec, DECLARED, restart_damaged=restart)
+            assert attempt.resume is None and attempt.note is None
+            assert f"{folder} is in use by a ServerApp (PID 4242, run 7)" in attempt.problem
+        assert not read_marker(folder).get("abandoned")
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert decide(spec, DECLARED).resume == folder
+
+
 def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path) -> None:
     killed, stopped, failed = one_cell_specs(tmp_path, 3)
     folder = interrupted_run(killed, "running")  # SIGKILL: no time to write anything
@@ -629,7 +664,7 @@ def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
     monkeypatch.setattr(experiments, "run_all", lambda specs, *_, **__: ran.append(specs) or [])
     monkeypatch.setattr(experiments, "finish", lambda *_: 0)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_OUT, str(out)], stdout=subprocess.PIPE,
-                              text=True, cwd=Path(__file__).parent.parent)  # fmt: skip
+                              text=True, cwd=ROOT)  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
         assert main([str(config), "--out", str(out)]) == EXIT_BUSY
