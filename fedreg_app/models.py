@@ -265,10 +265,17 @@ def read_weights(path: Path) -> dict[str, np.ndarray]:
 
 def load_pretrained(model: SplitModel, path: str) -> None:
     """Start from a pre-trained model (``003``): the file's keys must be this model's
-    (``base.*``, ``head_g.*``, ...) with the same shapes; groups it lacks keep their
-    seeded initialisation, and a private head starts as a copy of the file's head_g."""
-    arrays = read_weights(Path(path))
+    (``base.*``, ``head_g.*``, ...) with the same shapes and finite values; floats of
+    another precision (a float64 ``.npz``, a half-precision checkpoint) are converted to
+    the model's; groups it lacks keep their seeded initialisation, and a private head
+    starts as a copy of the file's head_g."""
     own = model.state_dict()
+    arrays = {
+        key: value.astype(own[key].numpy().dtype)
+        if key in own and value.dtype.kind == "f" and own[key].is_floating_point()
+        else value
+        for key, value in read_weights(Path(path)).items()
+    }
     if model.head_p is not None and not any(k.startswith(HEAD_P + ".") for k in arrays):
         prefix = HEAD_G + "."
         arrays |= {HEAD_P + "." + k[len(prefix):]: v for k, v in arrays.items()
@@ -280,7 +287,10 @@ def load_pretrained(model: SplitModel, path: str) -> None:
             f"(model, head-depth, dataset), e.g. {wrong[:3]}; expected keys like "
             f"{list(own)[:2]} with the same shapes"
         )
-    model.load_entries(arrays)
+    try:
+        model.load_entries(arrays)
+    except ValueError as err:
+        raise ConfigError(f"init-model={path!r} is not allowed: {err}") from None
 
 
 def initial_model(info: DatasetInfo, config: RunConfig, private_head: bool = False) -> SplitModel:

@@ -100,6 +100,15 @@ def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
         assert all(torch.equal(state[k], expected[k]) for k in expected)
         # the private head starts as the file's head
         assert torch.equal(state["head_p.0.weight"], expected["head_g.0.weight"])
+    # another float precision is converted; a NaN is refused, naming the file and entry
+    doubled = {k: v.astype(np.float64) for k, v in trained.group_state(BASE, HEAD_G).items()}
+    save_arrays(tmp_path / "w64.npz", doubled)
+    model = initial_model(info, load_config({"init-model": str(tmp_path / "w64.npz")}))
+    assert all(torch.equal(model.state_dict()[k], trained.state_dict()[k]) for k in doubled)
+    doubled["base.0.bias"][3] = np.nan
+    save_arrays(tmp_path / "nan.npz", doubled)
+    with pytest.raises(ConfigError, match="init-model=.*nan.npz.*base.0.bias: holds NaN"):
+        load_pretrained(build_model(info, 2, 0), str(tmp_path / "nan.npz"))
     small = build_model(DatasetInfo(10, 3, 32, 32), 2, 0)
     with pytest.raises(ConfigError, match="init-model=.* do not fit this model"):
         load_pretrained(small, str(tmp_path / "w.npz"))
