@@ -131,6 +131,15 @@ class RoundRecord:
         return bool(self.train_failures or self.eval_failures or incomplete)
 
 
+#: The run-level figures of a results file, each the best of a per-round field.
+BEST_OF = {
+    "best_global_accuracy": "global_accuracy",
+    "best_personal_accuracy": "personal_accuracy",
+    "best_personal_accuracy_answered": "personal_accuracy_answered",
+    "best_personal_accuracy_sampled": "personal_accuracy_sampled",
+}
+
+
 def _best(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None
@@ -215,10 +224,9 @@ class ResultsWriter:
         return status
 
     def summary(self) -> dict[str, Any]:
-        best_global = _best([r.global_accuracy for r in self.rounds])
-        best_personal = _best([r.personal_accuracy for r in self.rounds])
-        best_answered = _best([r.personal_accuracy_answered for r in self.rounds])
-        best_sampled = _best([r.personal_accuracy_sampled for r in self.rounds])
+        best = {key: _best([getattr(r, field) for r in self.rounds])
+                for key, field in BEST_OF.items()}  # fmt: skip
+        best_global, best_personal = best["best_global_accuracy"], best["best_personal_accuracy"]
         score = math.log10(best_global / best_personal) if best_global and best_personal else None
         return {
             "total_bytes_to_clients": sum(r.bytes_to_clients for r in self.rounds),
@@ -226,10 +234,7 @@ class ResultsWriter:
             "total_train_bytes_to_clients": sum(r.train_bytes_to_clients for r in self.rounds),
             "total_train_bytes_from_clients": sum(r.train_bytes_from_clients for r in self.rounds),
             "total_trained_parameters": sum(r.trained_parameters for r in self.rounds),
-            "best_global_accuracy": best_global,
-            "best_personal_accuracy": best_personal,
-            "best_personal_accuracy_answered": best_answered,
-            "best_personal_accuracy_sampled": best_sampled,
+            **best,
             # FedReG paper, Figure 7: log10(g / p) of the best global and best personal
             # accuracy; 0 means the global model is as good as the personal ones.
             "log10_global_over_personal": score,

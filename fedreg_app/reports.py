@@ -59,7 +59,7 @@ from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 from clients.rebalance import class_threshold  # noqa: E402
 from fedreg_app.config import ConfigError  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
-from fedreg_app.metrics import COMPLETED, DEGRADED, RUNNING, STOPPED  # noqa: E402
+from fedreg_app.metrics import BEST_OF, COMPLETED, DEGRADED, RUNNING, STOPPED  # noqa: E402
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
 from fedreg_app.registry import load_config  # noqa: E402
@@ -269,13 +269,6 @@ ACCURACY_FIELDS = (
 )
 #: Per-round costs a report reads: each a finite number >= 0.
 COST_FIELDS = ("train_seconds", "eval_seconds")
-#: Run-level figures the ResultsWriter derives from the rounds: the best of each field.
-BEST_OF = {
-    "best_global_accuracy": "global_accuracy",
-    "best_personal_accuracy": "personal_accuracy",
-    "best_personal_accuracy_answered": "personal_accuracy_answered",
-    "best_personal_accuracy_sampled": "personal_accuracy_sampled",
-}
 TOTALS = ("total_bytes_to_clients", "total_bytes_from_clients", "total_train_bytes_to_clients",
           "total_train_bytes_from_clients", "total_trained_parameters")  # fmt: skip
 INVALID = "invalid"
@@ -351,28 +344,28 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
     that has rounds."""
     results, skipped = [], []
     for seed_folder, paths in results_files(root).items():
-        runs = [read_document(path) for path in paths]
-        where = {id(d): path.parent for d, path in zip(runs, paths, strict=True)}
-        kept = [d for d in runs if run_status(d) in FINISHED]
+        runs = [(path, read_document(path)) for path in paths]
+        kept = [(p, d) for p, d in runs if run_status(d) in FINISHED]
         if not kept and unfinished:
-            kept = [d for d in runs if run_status(d) in UNFINISHED and d.get("rounds")]
+            kept = [(p, d) for p, d in runs if run_status(d) in UNFINISHED and d.get("rounds")]
         if not kept:
-            run = runs[-1].get("run", {})
+            run = runs[-1][1].get("run", {})
             skipped.append(Skipped(seed_folder, run.get("status") or "no status", run.get("error")))
             continue
         # a damaged file beside the run used is named, never passed over in silence
         skipped += [
             Skipped(path, run_status(d), d["run"].get("error"))
-            for path, d in zip(paths, runs, strict=True)
+            for path, d in runs
             if run_status(d) in (INVALID, "unreadable")
         ]
+        path, document = kept[-1]
         results.append(
             RunResult(
                 experiment=seed_folder.parent.parent.name,
                 cell=seed_folder.parent.name,
                 seed=int(seed_folder.name.removeprefix("seed")),
-                document=kept[-1],
-                folder=where[id(kept[-1])],
+                document=document,
+                folder=path.parent,
             )
         )
     return Collection(results, skipped)

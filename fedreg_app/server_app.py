@@ -274,7 +274,6 @@ ReplyCheck = Callable[[Message, int], str]
 #: when none do. Flower's ``send_and_receive`` sleeps a fixed 3 s between pulls, which a
 #: deployed round paid once per phase (``benchmarks/deployment_vs_simulation.py``).
 PULL_INTERVAL_S = (0.1, 1.0)
-RUN_LOCK = RUN_FOLDER_LOCK  # held by the ServerApp writing a run folder
 #: The run folder this process holds, released when ``main`` ends however it ends.
 _held: list[IO[str]] = []
 
@@ -284,7 +283,9 @@ def hold_run_folder(folder: Path, run_id: int) -> None:
     one is still writing (the same ``resume=`` given twice, a simulation left behind by
     a killed runner) stops here, before it reads or writes anything of the run, with a
     :class:`~fedreg_app.persist.FolderInUseError` naming that ServerApp."""
-    _held.append(hold_folder(folder, RUN_LOCK, f"a ServerApp (PID {os.getpid()}, run {run_id})"))
+    _held.append(
+        hold_folder(folder, RUN_FOLDER_LOCK, f"a ServerApp (PID {os.getpid()}, run {run_id})")
+    )
 
 
 def exchange(grid: Grid, messages: list[Message], timeout: float = 0.0) -> list[Message]:

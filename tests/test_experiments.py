@@ -42,6 +42,7 @@ from fedreg_app.launcher import kill_tree
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
 from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, mean_std
+from tests.holders import SERVERAPP, held_elsewhere
 
 DECLARED = declared_run_config()
 
@@ -452,17 +453,6 @@ def test_runs_whose_clients_keep_state_get_their_own_state_dir(tmp_path: Path) -
     assert shared.state_dir == tmp_path / "mine" and not shared.own_state_dir
 
 
-ROOT = Path(__file__).resolve().parent.parent
-HOLD_RUN_FOLDER = """
-import sys, time
-from pathlib import Path
-from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder
-held = hold_folder(Path(sys.argv[1]), RUN_FOLDER_LOCK, "a ServerApp (PID 4242, run 7)")
-print("held", flush=True)
-time.sleep(300)
-"""
-
-
 def test_a_run_folder_a_serverapp_still_writes_is_left_alone_even_with_restart_damaged(
     tmp_path: Path,
 ) -> None:
@@ -472,18 +462,12 @@ def test_a_run_folder_a_serverapp_still_writes_is_left_alone_even_with_restart_d
     is gone the run is resumed as any interrupted one."""
     (spec,) = one_cell_specs(tmp_path, 1)
     folder = interrupted_run(spec, "running")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUN_FOLDER, str(folder)],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_elsewhere(folder):
         for restart in (False, True):
             attempt = decide(spec, DECLARED, restart_damaged=restart)
             assert attempt.resume is None and attempt.note is None
-            assert f"{folder} is in use by a ServerApp (PID 4242, run 7)" in attempt.problem
+            assert f"{folder} is in use by {SERVERAPP}" in attempt.problem
         assert not read_marker(folder).get("abandoned")
-    finally:
-        holder.kill()
-        holder.wait(timeout=30)
     assert decide(spec, DECLARED).resume == folder
 
 
@@ -642,16 +626,6 @@ def uninterrupted(grey_dataset: Path, tmp_path_factory: pytest.TempPathFactory) 
     return only_run_folder(root / "out")
 
 
-HOLD_OUT = """
-import sys, time
-from pathlib import Path
-from fedreg_app.experiments import exclusive_out
-with exclusive_out(Path(sys.argv[1])):
-    print("held", flush=True)
-    time.sleep(300)
-"""
-
-
 def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
     tmp_path: Path, capsys, monkeypatch
 ) -> None:
@@ -663,17 +637,11 @@ def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
     ran = []
     monkeypatch.setattr(experiments, "run_all", lambda specs, *_, **__: ran.append(specs) or [])
     monkeypatch.setattr(experiments, "finish", lambda *_: 0)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_OUT, str(out)], stdout=subprocess.PIPE,
-                              text=True, cwd=ROOT)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_elsewhere(out, RUNNER_LOCK, "another fedreg-experiment (PID {pid})") as pid:
         assert main([str(config), "--out", str(out)]) == EXIT_BUSY
         err = capsys.readouterr().err
-        assert f"{out} is in use by another fedreg-experiment (PID {holder.pid}) since" in err
+        assert f"{out} is in use by another fedreg-experiment (PID {pid}) since" in err
         assert not ran
-    finally:
-        holder.kill()
-        holder.wait(timeout=30)
     assert main([str(config), "--out", str(out)]) == 0
     assert len(ran) == 1
     assert (out / RUNNER_LOCK).read_text() == ""  # released, and no stale PID left

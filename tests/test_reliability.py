@@ -5,8 +5,6 @@ state keys. Each test injects the fault and checks what the run says and keeps."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +24,16 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedreg_app import client_app
 from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import FolderInUseError, load_arrays
+from fedreg_app.persist import RUN_FOLDER_LOCK, FolderInUseError, load_arrays
 from fedreg_app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, NUM_TEST, PARTITION_ID
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import load_config
-from fedreg_app.server_app import RUN_LOCK
 from fedreg_app.training import EVAL_BATCH_ENV
 from strategies.fedreg import FedReGStrategy
+from tests.holders import SERVERAPP, held_elsewhere
 from tests.inprocess import ServerKilled, error_reply, results, run_server
 
 TRAIN, EVALUATE = MessageType.TRAIN, MessageType.EVALUATE
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -344,17 +341,6 @@ def test_server_killed_after_a_client_saved_its_next_state_resumes_exactly(
     assert_same_arrays(client_states(tmp_path / "sp"), client_states(tmp_path / "sw"))
 
 
-HOLD_RUN_FOLDER = """
-import sys, time
-from pathlib import Path
-from fedreg_app.persist import hold_folder
-from fedreg_app.server_app import RUN_LOCK
-held = hold_folder(Path(sys.argv[1]), RUN_LOCK, "a ServerApp (PID 4242, run 7)")
-print("held", flush=True)
-time.sleep(300)
-"""
-
-
 def test_a_run_folder_another_serverapp_still_writes_is_not_resumed(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -368,27 +354,21 @@ def test_a_run_folder_another_serverapp_still_writes_is_not_resumed(
     assert isinstance(stopped, ServerKilled)
     [folder] = [p.parent for p in (tmp_path / "results").glob("*/results.json")]
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUN_FOLDER, str(folder)],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_elsewhere(folder):
         resumed = {**config, "resume": str(folder), "results-dir": str(tmp_path / "second")}
         _, stopped = run_server(resumed, run_id=2)
         assert isinstance(stopped, FolderInUseError)
-        assert f"{folder} is in use by a ServerApp (PID 4242, run 7) since" in str(stopped)
+        assert f"{folder} is in use by {SERVERAPP} since" in str(stopped)
         after = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
-        assert {k: v for k, v in after.items() if k != RUN_LOCK} == {
-            k: v for k, v in before.items() if k != RUN_LOCK
+        assert {k: v for k, v in after.items() if k != RUN_FOLDER_LOCK} == {
+            k: v for k, v in before.items() if k != RUN_FOLDER_LOCK
         }
         failed = results(tmp_path / "second")["run"]
         assert failed["status"] == "failed" and "is in use by a ServerApp" in failed["error"]
-    finally:
-        holder.kill()
-        holder.wait(timeout=30)
     _, stopped = run_server({**config, "resume": str(folder)}, run_id=3)
     assert stopped is None
     assert results(tmp_path / "results")["run"]["status"] == "completed"
-    assert (folder / RUN_LOCK).read_text() == ""  # released at the end
+    assert (folder / RUN_FOLDER_LOCK).read_text() == ""  # released at the end
 
 
 def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, of_round: int) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,16 +33,7 @@ from fedreg_app.reports import (
     scan,
     write_report,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
-HOLD_RUN_FOLDER = """
-import sys, time
-from pathlib import Path
-from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder
-held = hold_folder(Path(sys.argv[1]), RUN_FOLDER_LOCK, "a ServerApp (PID 4242, run 7)")
-print("held", flush=True)
-time.sleep(300)
-"""
+from tests.holders import SERVERAPP, held_elsewhere
 
 
 def fake_run(
@@ -363,15 +352,9 @@ def test_a_running_run_says_whether_a_serverapp_still_holds_it(tmp_path: Path) -
     killed: resumable), or no lock file at all (a record from before locks: unknown)."""
     fake_run(tmp_path, "t", "fedreg", 0, status="running")
     [folder] = [p.parent for p in tmp_path.glob("t/fedreg/seed0/*/results.json")]
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_RUN_FOLDER, str(folder)],
-                              stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_elsewhere(folder):
         [run] = scan(tmp_path, unfinished=True).results
-        assert run.state.startswith("running now (a ServerApp (PID 4242, run 7) since ")
-    finally:
-        holder.kill()
-        holder.wait(timeout=30)
+        assert run.state.startswith(f"running now ({SERVERAPP} since ")
     [run] = scan(tmp_path, unfinished=True).results
     assert run.state == "killed: status `running` but no ServerApp holds it; resumable"
     (folder / RUN_FOLDER_LOCK).unlink()
