@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.config import PLACE_KEYS, ConfigError, RunConfig
 from fedreg_app.persist import (
     READ_ERRORS,
     file_sha256,
@@ -53,10 +53,7 @@ FORMAT = 2
 #: Round folders: ``round-000005``, or ``round-000005-2`` when that name is taken.
 ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
-RESUMABLE_CHANGES = frozenset(
-    {"num-server-rounds", "resume", "results-dir", "eval-every", "global-eval", "reply-timeout",
-     "min-train-replies", "device", "dataset-path", "state-dir", "tensorboard"}
-)  # fmt: skip
+RESUMABLE_CHANGES = PLACE_KEYS | {"num-server-rounds", "eval-every"}
 #: What the user can do about a checkpoint that cannot be trusted.
 REMEDY = "resume from another run folder, or start the run anew without resume"
 

@@ -351,6 +351,31 @@ def check_dataset_path(dataset_path: str) -> Path:
     return folder.resolve()
 
 
+#: Run-config keys that say where and how a run ran, not what it computes (paths, the
+#: device, logging, how failures are waited for, where G is evaluated: the same figures):
+#: two runs that differ in these alone are runs of one setting.
+PLACE_KEYS = frozenset(
+    {"resume", "results-dir", "state-dir", "dataset-path", "device", "tensorboard",
+     "reply-timeout", "min-train-replies", "global-eval"}
+)  # fmt: skip
+
+
+def setting_differences(
+    ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Iterable[str] = ()
+) -> list[str]:
+    """Where two recorded run configs are not one setting: ``key=ours, not theirs`` for
+    each key both record with different values, leaving out :data:`PLACE_KEYS` and
+    ``ignore`` (a key one record lacks was written by a version without it: not judged).
+    Why: figures are published per setting, so runs of another setting must never be
+    counted as this one's (a finished run of an edited config, a seed run elsewhere)."""
+    skipped = PLACE_KEYS | set(ignore)
+    return [
+        f"{key}={ours[key]!r}, not {theirs[key]!r}"
+        for key in sorted(ours.keys() & theirs.keys())
+        if key not in skipped and ours[key] != theirs[key]
+    ]
+
+
 def unknown_key_message(key: str, known: Iterable[str], where: str = "run config") -> str:
     """Our message for a key nobody declares, with the closest declared keys."""
     close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
-from fedreg_app.config import ConfigError
+from fedreg_app.config import ConfigError, setting_differences
 from fedreg_app.launcher import LocalSuperLink, toml_value
 from fedreg_app.metrics import FAILED, first_line, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
@@ -168,6 +168,8 @@ class RunSpec:
     num_rounds: int  # from the validated config: the file may leave it to the default
     keeps_state: bool = False  # the algorithm's clients carry state from round to round
     own_state_dir: bool = False  # ``<folder>/state``, made by the runner (not --set)
+    #: the whole validated config, as a ServerApp records it: what a finished run must match
+    setting: dict[str, Any] = field(default_factory=dict, repr=False)
     result: dict[str, Any] | None = field(default=None, repr=False)
     problem: str | None = field(default=None, repr=False)  # why it was not run
 
@@ -183,11 +185,35 @@ class RunSpec:
         return documents
 
     def finished_results(self) -> dict[str, Any] | None:
-        """The newest finished run's results (completed or degraded), if any: such a run
-        is not run again (a degraded one would most likely degrade again, and its figures
-        are kept, marked)."""
-        finished = [d for _, d in self._documents() if run_status(d) in FINISHED]
+        """The newest finished run's results (completed or degraded) of this setting, if
+        any: such a run is not run again (a degraded one would most likely degrade again,
+        and its figures are kept, marked). A finished run of another setting (the config
+        file or ``--set`` changed since) is not this run's result."""
+        finished = [
+            d for _, d in self._documents()
+            if run_status(d) in FINISHED and not self.differences(d)
+        ]  # fmt: skip
         return finished[-1] if finished else None
+
+    def differences(self, document: dict[str, Any]) -> list[str]:
+        """Where a results.json's recorded config is not this run's setting (``key=its
+        value, not this run's``)."""
+        recorded = document.get("config")
+        if not isinstance(recorded, dict):
+            return ["config: not recorded"]
+        return setting_differences(recorded, self.setting)
+
+    def other_setting(self) -> str | None:
+        """The newest finished run in this seed's folder that is of another setting, and
+        how it differs (None when there is none), so the log says why it runs again."""
+        others = [
+            (path, self.differences(d)) for path, d in self._documents()
+            if run_status(d) in FINISHED and self.differences(d)
+        ]  # fmt: skip
+        if not others:
+            return None
+        path, differences = others[-1]
+        return f"{path.parent} finished with another setting ({'; '.join(differences)})"
 
     def failure(self) -> str:
         """Why this seed has no finished run: the newest run's folder, status and error."""
@@ -268,7 +294,7 @@ def run_spec(
         run_config["state-dir"] = str(Path(config.state_dir).expanduser().resolve())
     return RunSpec(
         experiment.name, cell, seed, run_config, folder, experiment.clients,
-        config.num_server_rounds, keeps_state, own_state_dir,
+        config.num_server_rounds, keeps_state, own_state_dir, setting=config.to_run_config(),
     )  # fmt: skip
 
 
@@ -385,6 +411,9 @@ def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
             why = "; its status says running: in progress now, or killed unawares"
         after = attempt.after_round
         return f"resumes after round {after}/{spec.num_rounds}{why}", after
+    other = spec.other_setting()
+    if attempt.note is None and other is not None:
+        return f"starts: {other}", 0
     return ("starts" if not attempt.note else f"starts anew: {attempt.note}"), 0
 
 
@@ -601,6 +630,8 @@ class Session:
             return
         if attempt.note:
             print(f"{spec.describe()}: {attempt.note}", flush=True)
+        elif attempt.resume is None and (other := spec.other_setting()):
+            print(f"{spec.describe()}: {other}; running this setting", flush=True)
         spec.folder.mkdir(parents=True, exist_ok=True)
         run_config = dict(spec.run_config)
         if attempt.resume is not None:

@@ -57,9 +57,9 @@ import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from clients.rebalance import class_threshold  # noqa: E402
-from fedreg_app.config import ConfigError  # noqa: E402
+from fedreg_app.config import ConfigError, setting_differences  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
-from fedreg_app.metrics import BEST_OF, COMPLETED, DEGRADED, RUNNING, STOPPED  # noqa: E402
+from fedreg_app.metrics import BEST_OF, COMPLETED, DEGRADED, FAILED, RUNNING, STOPPED  # noqa: E402
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
 from fedreg_app.registry import load_config  # noqa: E402
@@ -216,7 +216,8 @@ class Skipped:
     def line(self, root: Path) -> str:
         """``- <experiment>/<cell>/seed<k>: <status>: <first line of the error>``."""
         reason = self.status + (f": {self.error.splitlines()[0]}" if self.error else "")
-        return f"- {self.seed_folder.relative_to(root)}: {reason}"
+        where = self.seed_folder
+        return f"- {where.relative_to(root) if where.is_relative_to(root) else where}: {reason}"
 
 
 @dataclass(frozen=True)
@@ -325,16 +326,50 @@ def document_problem(document: Any) -> str | None:
     return None
 
 
-def read_document(path: Path) -> dict[str, Any]:
-    """A results.json, or an ``unreadable`` / ``invalid`` status that says why."""
+def read_document(path: Path, seed: int | None = None) -> dict[str, Any]:
+    """A results.json, or an ``unreadable`` / ``invalid`` status that says why; with
+    ``seed`` (its seed folder's), a run recorded with another seed is invalid: it would be
+    averaged as that seed."""
     try:
         document = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         return {"run": {"status": "unreadable", "error": f"{path.name}: {err}"}}
     problem = document_problem(document)
+    recorded = document.get("config", {}).get("seed") if not problem else seed
+    if seed is not None and recorded != seed and run_status(document) != FAILED:
+        problem = f"config.seed is {recorded!r} but the file lies in seed{seed}"
     if problem:
         return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}
     return document
+
+
+#: A seed left out of its cell's figures: its run is of another setting than the others'.
+OTHER_SETTING = "other setting"
+
+
+def one_setting(results: list[RunResult]) -> tuple[list[RunResult], list[Skipped]]:
+    """Per cell, the seeds whose runs are of one setting (the one most seeds share; on a
+    tie, the lowest seed's), and the others named with how they differ: a mean over seeds
+    must be over one setting, never over runs of an edited config mixed in."""
+    kept, skipped = [], []
+    for runs in by_key(results, lambda r: (r.experiment, r.cell)).values():
+        ordered = sorted(runs, key=lambda r: r.seed)  # max() keeps the first on a tie
+        reference = max(ordered, key=lambda run: sum(not _setting_gap(run, r) for r in ordered))
+        for run in runs:
+            gap = _setting_gap(reference, run)
+            if not gap:
+                kept.append(run)
+                continue
+            where = run.folder or Path(run.experiment, run.cell, f"seed{run.seed}")
+            why = f"config differs from seed{reference.seed}'s: {'; '.join(gap)}"
+            skipped.append(Skipped(where, OTHER_SETTING, why))
+    return kept, skipped
+
+
+def _setting_gap(reference: RunResult, run: RunResult) -> list[str]:
+    return setting_differences(
+        run.document["config"], reference.document["config"], ignore=("seed",)
+    )
 
 
 def scan(root: Path, unfinished: bool = False) -> Collection:
@@ -344,7 +379,8 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
     that has rounds."""
     results, skipped = [], []
     for seed_folder, paths in results_files(root).items():
-        runs = [(path, read_document(path)) for path in paths]
+        seed = int(seed_folder.name.removeprefix("seed"))
+        runs = [(path, read_document(path, seed)) for path in paths]
         kept = [(p, d) for p, d in runs if run_status(d) in FINISHED]
         if not kept and unfinished:
             kept = [(p, d) for p, d in runs if run_status(d) in UNFINISHED and d.get("rounds")]
@@ -363,12 +399,13 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
             RunResult(
                 experiment=seed_folder.parent.parent.name,
                 cell=seed_folder.parent.name,
-                seed=int(seed_folder.name.removeprefix("seed")),
+                seed=seed,
                 document=document,
                 folder=path.parent,
             )
         )
-    return Collection(results, skipped)
+    results, other_settings = one_setting(results)
+    return Collection(results, skipped + other_settings)
 
 
 def collect(root: Path, unfinished: bool = False) -> list[RunResult]:

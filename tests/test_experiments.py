@@ -32,6 +32,7 @@ from fedreg_app.experiments import (
     decide,
     main,
     markdown_table,
+    pending_state,
     plan,
     read_marker,
     summarize,
@@ -122,10 +123,10 @@ def test_parse_overrides() -> None:
         parse_overrides(["alpha"])
 
 
-def fake_result(folder: Path, status: str, g: float, p: float) -> None:
-    run = folder / f"run-{status}"
+def fake_result(spec: RunSpec, status: str, g: float, p: float) -> None:
+    run = spec.folder / f"run-{status}"
     run.mkdir(parents=True)
-    document = {"run": {"status": status}, "rounds": [{}, {}],
+    document = {"config": spec.setting, "run": {"status": status}, "rounds": [{}, {}],
                 "best_global_accuracy": g, "best_personal_accuracy": p}  # fmt: skip
     (run / "results.json").write_text(json.dumps(document))
 
@@ -133,9 +134,9 @@ def fake_result(folder: Path, status: str, g: float, p: float) -> None:
 def test_completed_runs_are_found_and_summarised(tmp_path: Path) -> None:
     specs = plan([grid_experiment(tmp_path)], tmp_path / "out", DECLARED, {}, algos=("fedreg",))
     first_cell = [s for s in specs if s.cell == specs[0].cell]
-    fake_result(first_cell[0].folder, "completed", 0.80, 0.90)
-    fake_result(first_cell[1].folder, "failed", 0.10, 0.10)  # interrupted: to be rerun
-    fake_result(first_cell[1].folder, "completed", 0.84, 0.92)
+    fake_result(first_cell[0], "completed", 0.80, 0.90)
+    fake_result(first_cell[1], "failed", 0.10, 0.10)  # interrupted: to be rerun
+    fake_result(first_cell[1], "completed", 0.84, 0.92)
     for spec in specs:
         spec.result = spec.finished_results()
     assert first_cell[1].result["best_global_accuracy"] == 0.84
@@ -185,8 +186,11 @@ def test_an_unknown_key_in_a_config_file_names_the_file_and_the_closest_key(
 
 
 # ------------------------------------------------------- degraded and failed runs
-def results_document(status: str, **summary: Any) -> dict[str, Any]:
-    """A results.json as the ServerApp writes it (the fields the runner and report read)."""
+def results_document(
+    status: str, config: dict[str, Any] | None = None, **summary: Any
+) -> dict[str, Any]:
+    """A results.json as the ServerApp writes it (the fields the runner and report read),
+    recording ``config`` (a run's whole validated config: the runner compares it)."""
     partial = status == "degraded"
     rounds = [] if status == "failed" else [
         {"round": 1, "global_accuracy": 0.5, "personal_accuracy": None if partial else 0.7,
@@ -199,8 +203,9 @@ def results_document(status: str, **summary: Any) -> dict[str, Any]:
                                "test_samples": 20 if partial else 30, "of_test_samples": 30}},
     ]  # fmt: skip
     return {
-        "config": {"algo": "fedreg", "dataset": "zalando-datasets/fashion_mnist", "alpha": 0.1,
-                   "fraction-train": 0.25, "local-epochs": 1, "batch-size": 10},
+        "config": config or {"algo": "fedreg", "dataset": "zalando-datasets/fashion_mnist",
+                             "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1,
+                             "batch-size": 10},
         "run": {"status": status, "num_clients": 3,
                 **({"error": "RuntimeError: CUDA out of memory\nsecond line"}
                    if status == "failed" else {})},
@@ -218,7 +223,8 @@ def write_results(
     """Lay a run out as the runner does: <out>/<experiment>/<cell>/seed<k>/<run>/."""
     folder = spec.folder / run
     folder.mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps(results_document(status, **summary)))
+    document = results_document(status, spec.setting, **summary)
+    (folder / "results.json").write_text(json.dumps(document))
 
 
 def one_cell_specs(tmp_path: Path, seeds: int) -> list[RunSpec]:
@@ -278,6 +284,46 @@ def test_table_without_degraded_runs_has_no_marks_or_notes(tmp_path: Path) -> No
     assert "†" not in table and "‡" not in table and table.endswith("| 50.00 | 70.00 | 1/1 |")
 
 
+def test_a_finished_run_of_another_setting_is_not_taken_for_this_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The config file was edited (local epochs) after seed 0 finished: that run is not
+    this config's result, so it runs again and the table never shows the old figures
+    under the new setting. A run that differs only in where it ran (dataset path, device,
+    results folder) is the same setting and is kept."""
+    config = write(tmp_path / "t2.toml", "[experiment]\nname = 't2'\nseeds = 2\n")
+    out = tmp_path / "out"
+    edited, moved = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
+    before = {**edited.setting, "local-epochs": edited.setting["local-epochs"] + 4}
+    (edited.folder / "run-old").mkdir(parents=True)
+    document = results_document("completed", before)
+    (edited.folder / "run-old" / "results.json").write_text(json.dumps(document))
+    elsewhere = {**moved.setting, "dataset-path": "/data/elsewhere", "device": "cuda",
+                 "results-dir": "/elsewhere/seed1", "state-dir": "/elsewhere/state"}  # fmt: skip
+    write_results(moved, "completed")
+    (moved.folder / "20250101-000000_run1" / "results.json").write_text(
+        json.dumps(results_document("completed", elsewhere))
+    )
+    epochs = edited.setting["local-epochs"]
+    assert edited.finished_results() is None
+    assert edited.differences(document) == [f"local-epochs={epochs + 4}, not {epochs}"]
+    assert moved.finished_results() is not None and moved.other_setting() is None
+    assert pending_state(edited, DECLARED) == (
+        f"starts: {edited.folder / 'run-old'} finished with another setting "
+        f"(local-epochs={epochs + 4}, not {epochs})", 0,
+    )  # fmt: skip
+    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(FakeSuperLink, "started", [])
+    monkeypatch.setattr(FakeSuperLink, "outcome", {"seed0": "completed"})
+    assert main([str(config), "--out", str(out)]) == 0
+    assert FakeSuperLink.started == ["seed0"]
+    printed = capsys.readouterr().out
+    assert "1 of 2 runs already finished; 1 to run" in printed
+    assert f"finished with another setting (local-epochs={epochs + 4}, not {epochs}); " \
+           "running this setting" in printed  # fmt: skip
+    assert edited.finished_results()["config"]["local-epochs"] == epochs
+
+
 class FakeSuperLink:
     """Stands in for LocalSuperLink: records which runs were started and lets each "run"
     leave what the test says (a failed results.json, a degraded one, or nothing)."""
@@ -303,7 +349,9 @@ class FakeSuperLink:
         if status is not None:
             run = folder / "20250103-000000_run3"
             run.mkdir()
-            (run / "results.json").write_text(json.dumps(results_document(status)))
+            run_config = tomllib.loads(Path(config_file).read_text())
+            config = load_config({**DECLARED, **run_config}).to_run_config()
+            (run / "results.json").write_text(json.dumps(results_document(status, config)))
         yield
 
 
@@ -428,7 +476,7 @@ def interrupted_run(
     state."""
     folder = spec.folder / name
     folder.mkdir(parents=True)
-    document = results_document("completed")
+    document = results_document("completed", spec.setting)
     document["run"]["status"] = status
     (folder / "results.json").write_text(json.dumps(document))
     config = load_config({**DECLARED, **spec.run_config})
@@ -739,7 +787,7 @@ class RoundsSuperLink(FakeSuperLink):
         folder = Path(run_config.get("resume") or Path(run_config["results-dir"]) / "run1")
         folder.mkdir(exist_ok=True)
         config = load_config({**DECLARED, **run_config}).to_run_config()
-        document = results_document("completed")
+        document = results_document("completed", config)
         document["run"]["status"] = "running"
         for server_round in range(checkpoint_round(folder) + 1, config["num-server-rounds"] + 1):
             yield

@@ -49,9 +49,11 @@ def fake_run(
     run: str = "run-1",
     answered: tuple[float | None, ...] | None = None,
     error: str | None = None,
+    config: dict | None = None,
 ) -> None:
     """A results.json in the runner's layout; ``answered`` gives a degraded run's
-    per-round personal accuracy over the clients that answered."""
+    per-round personal accuracy over the clients that answered; ``config`` changes the
+    recorded config."""
     folder = root / experiment / cell / f"seed{seed}" / run  # run="": the committed layout
     folder.mkdir(parents=True)
     answered = answered or personals
@@ -70,7 +72,7 @@ def fake_run(
     document = {
         "config": {"algo": cell.split("__")[0], "dataset": "zalando-datasets/fashion_mnist",
                    "num-server-rounds": 5, "alpha": 0.1, "fraction-train": 0.25,
-                   "local-epochs": 1, "batch-size": 10},
+                   "local-epochs": 1, "batch-size": 10, "seed": seed, **(config or {})},
         "run": {"status": status, "num_clients": clients, **({"error": error} if error else {})},
         "rounds": rounds,
         "total_bytes_to_clients": 4_000_000, "total_bytes_from_clients": 1_000_000,
@@ -265,6 +267,51 @@ def test_a_results_file_that_the_rounds_do_not_bear_out_is_refused_and_named(
     table = write_report(tmp_path, tmp_path / "report")[0].read_text()
     assert "| fedreg | 70.00 | 90.00 | 1 |" in table and "| fedavg |" not in table
     assert problem in table
+
+
+def test_a_cells_mean_is_over_runs_of_one_setting_and_the_others_are_named(
+    tmp_path: Path,
+) -> None:
+    """Seed 2 of FedReG ran after the config was edited (5 local epochs): its figures are
+    not averaged with the others', and the report says which seed and which key. Where
+    most seeds share a setting the odd one out is left out, even seed 0. Where a run was
+    made (dataset path, device, folders) does not split a cell."""
+    fake_run(tmp_path, "e", "fedreg", 0, globals_=(0.5, 0.6, 0.6))
+    fake_run(
+        tmp_path,
+        "e",
+        "fedreg",
+        1,
+        globals_=(0.5, 0.6, 0.8),
+        config={"dataset-path": "/elsewhere", "device": "cuda", "results-dir": "/x"},
+    )
+    fake_run(tmp_path, "e", "fedreg", 2, globals_=(0.5, 0.9, 0.99), config={"local-epochs": 5})
+    fake_run(tmp_path, "e", "fedavg", 0, globals_=(0.5, 0.6, 0.6), config={"local-epochs": 5})
+    fake_run(tmp_path, "e", "fedavg", 1, globals_=(0.5, 0.6, 0.7))
+    fake_run(tmp_path, "e", "fedavg", 2, globals_=(0.5, 0.6, 0.9))  # fmt: skip
+    collection = scan(tmp_path)
+    kept = sorted((r.cell, r.seed) for r in collection.results)
+    assert kept == [("fedavg", 1), ("fedavg", 2), ("fedreg", 0), ("fedreg", 1)]
+    note = collection.skipped_note(tmp_path)
+    assert "Skipped 2 run(s) without a finished results.json (2 other setting):" in note
+    assert ("- e/fedreg/seed2/run-1: other setting: config differs from seed0's: "
+            "local-epochs=5, not 1") in note  # fmt: skip
+    assert ("- e/fedavg/seed0/run-1: other setting: config differs from seed1's: "
+            "local-epochs=5, not 1") in note  # fmt: skip
+    table = write_report(tmp_path, tmp_path / "report")[0].read_text()
+    assert "| fedreg | 70.00 ± 14.14 |" in table and "| fedavg | 80.00 ± 14.14 |" in table
+
+
+def test_a_run_recorded_with_another_seed_than_its_folders_is_refused(tmp_path: Path) -> None:
+    """A results.json copied into the wrong seed folder would be averaged as that seed
+    (twice, beside its own): refused and named."""
+    fake_run(tmp_path, "e", "fedreg", 0)
+    fake_run(tmp_path, "e", "fedreg", 1, config={"seed": 0})
+    collection = scan(tmp_path)
+    assert [r.seed for r in collection.results] == [0]
+    note = collection.skipped_note(tmp_path)
+    assert "- e/fedreg/seed1: invalid: results.json: config.seed is 0 but the file lies in " \
+           "seed1" in note  # fmt: skip
 
 
 def test_a_root_of_failed_runs_only_is_an_error_that_says_why(tmp_path: Path, capsys) -> None:
