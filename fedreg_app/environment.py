@@ -9,6 +9,9 @@ accuracies drift apart within the first round. Recording this with every run let
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -18,6 +21,24 @@ import torch
 #: Keys whose values decide whether a replay can be bit-identical.
 NUMERIC_KEYS = ("torch", "cpu_capability", "cpu", "machine", "cuda_device")
 CPUINFO = Path("/proc/cpuinfo")
+#: The packages whose code computes a run's figures (the app, its strategies, its clients).
+CODE_PACKAGES = ("fedreg_app", "strategies", "clients")
+#: Where those packages lie: the project's root, or the app's install folder under flwr.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@functools.lru_cache(maxsize=4)
+def code_fingerprint(root: Path = PROJECT_ROOT) -> str:
+    """A short SHA-256 of the app's Python sources (path and bytes of every ``.py`` file
+    of :data:`CODE_PACKAGES`): the same in a checkout and in the app ``flwr run``
+    installs from it, so a record says which code made its figures even where no git
+    history travels with the app (a FAB, a device)."""
+    digest = hashlib.sha256()
+    for package in CODE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _version(package: str) -> str | None:
@@ -49,6 +70,7 @@ def describe_environment() -> dict[str, str | None]:
         "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "code": code_fingerprint(),
     }
 
 
@@ -66,9 +88,20 @@ def environment_note(recorded: object, current: dict[str, str | None]) -> str | 
         for key in NUMERIC_KEYS
         if recorded.get(key) != current.get(key)
     ]
-    if not differing:
-        return None
-    return (
-        f"recorded in another environment ({'; '.join(differing)}): bit-identical "
-        "figures are expected only on the same CPU kind and torch build"
-    )
+    notes = []
+    if differing:
+        notes.append(
+            f"recorded in another environment ({'; '.join(differing)}): bit-identical "
+            "figures are expected only on the same CPU kind and torch build"
+        )
+    if "code" in recorded and recorded["code"] != current.get("code"):
+        notes.append(
+            f"made by other code (code {recorded['code']!r} -> {current.get('code')!r}): "
+            "figures are expected to match only where the changes since leave training "
+            "and evaluation alone"
+        )
+    return "; ".join(notes) or None
+
+
+if __name__ == "__main__":  # what a run made here would record
+    print(json.dumps(describe_environment(), indent=1))

@@ -9,7 +9,15 @@ from pathlib import Path
 import torch
 
 from fedreg_app import replay
-from fedreg_app.environment import NUMERIC_KEYS, cpu_model, describe_environment, environment_note
+from fedreg_app.environment import (
+    CODE_PACKAGES,
+    NUMERIC_KEYS,
+    PROJECT_ROOT,
+    code_fingerprint,
+    cpu_model,
+    describe_environment,
+    environment_note,
+)
 from fedreg_app.metrics import ResultsWriter, RoundRecord
 from fedreg_app.replay import main
 from tests.inprocess import results, run_server
@@ -41,6 +49,36 @@ def test_a_note_names_each_key_that_differs_and_none_when_all_agree() -> None:
     assert f"torch '2.13.0' -> {HERE['torch']!r}" in note
     assert "(cpu " not in note and "; cpu " not in note  # the model name agreed
     assert "names no environment" in environment_note(None, HERE)
+
+
+def test_the_code_fingerprint_follows_the_apps_sources_and_nothing_else(tmp_path: Path) -> None:
+    """A copy of the app's packages has this checkout's fingerprint; files that are not
+    Python source do not change it; one changed byte in a client's source does."""
+    fingerprint = code_fingerprint.__wrapped__  # uncached: the files change under one path
+    assert HERE["code"] == code_fingerprint() and len(HERE["code"]) == 16
+    for package in CODE_PACKAGES:
+        for path in (PROJECT_ROOT / package).rglob("*.py"):
+            copy = tmp_path / path.relative_to(PROJECT_ROOT)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(path.read_bytes())
+    assert fingerprint(tmp_path) == HERE["code"]
+    (tmp_path / "clients" / "notes.txt").write_text("not code")
+    (tmp_path / "clients" / "__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "clients" / "__pycache__" / "fedreg.cpython-311.pyc").write_bytes(b"\0")
+    assert fingerprint(tmp_path) == HERE["code"]
+    source = tmp_path / "clients" / "fedreg.py"
+    source.write_text(source.read_text().replace("def ", "def  ", 1))
+    assert fingerprint(tmp_path) != HERE["code"]
+
+
+def test_a_replay_by_other_code_says_so_and_an_older_record_is_not_judged() -> None:
+    note = environment_note({**HERE, "code": "0123456789abcdef"}, HERE)
+    assert note == (
+        f"made by other code (code '0123456789abcdef' -> {HERE['code']!r}): figures are "
+        "expected to match only where the changes since leave training and evaluation alone"
+    )
+    older = {k: v for k, v in HERE.items() if k != "code"}  # before records kept the code
+    assert environment_note(older, HERE) is None
 
 
 def test_a_resume_keeps_the_first_environment_and_records_its_own(tmp_path: Path) -> None:
