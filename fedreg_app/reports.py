@@ -472,6 +472,43 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
     return table if personal == "all" else f"{table}\n\n{SAMPLED_NOTE}"
 
 
+#: Keys the cells of one experiment share for their comparison to be fair (the data and
+#: its partition, the training budget, the model and optimiser, how often G is measured).
+SHARED_KEYS = (
+    "dataset", "partition", "alpha", "shard-classes", "participation-gamma", "data-fraction",
+    "min-partition-size", "fraction-train", "num-server-rounds", "local-epochs", "batch-size",
+    "lr", "momentum", "model", "augment", "eval-every", "init-model",
+)  # fmt: skip
+
+
+def differing_settings(results: Sequence[RunResult]) -> str:
+    """The shared keys (:data:`SHARED_KEYS`) whose value is not the same in every cell of
+    an experiment, each value with its cells ("" when the cells agree): a table sets its
+    cells side by side, so a cell run with fewer rounds or another partition must say so
+    under it. A key of the experiment's grid, named in its cells, is not listed."""
+    lines = []
+    for experiment, runs in by_key(results, lambda r: r.experiment).items():
+        for key in SHARED_KEYS:
+            cells: dict[str, set[str]] = {}
+            for run in runs:
+                value = run.document["config"].get(key)
+                in_grid = any(
+                    part.startswith(f"{key}-") for part in run.cell.split(CELL_SEPARATOR)[1:]
+                )
+                if value is not None and not in_grid:
+                    cells.setdefault(json.dumps(value), set()).add(run.cell)
+            if len(cells) > 1:
+                ordered = sorted(cells.items(), key=lambda item: (-len(item[1]), item[0]))
+                values = "; ".join(
+                    f"{value} ({', '.join(sorted(names))})" for value, names in ordered
+                )
+                lines.append(f"- {experiment}: `{key}` is {values}")
+    if not lines:
+        return ""
+    head = "Settings that differ between the cells of one experiment (compare with care):"
+    return "\n".join([head, *lines])
+
+
 # ------------------------------------------------------------ the paper's cells
 #: Where a config file keeps the published figures its runs reproduce.
 PAPER_TABLE = "paper"
@@ -787,7 +824,7 @@ def write_report(
     table = paper_table(results, personal)
     progress = collection.unfinished_note()
     compared = [paper_comparison(results, paper, personal) for paper in papers]
-    parts = [table, *compared, progress, skipped]
+    parts = [table, differing_settings(results), *compared, progress, skipped]
     written[0].write_text("\n\n".join(filter(None, parts)) + "\n")
     written[1].write_text(cost_table(results) + "\n")
     published = {paper.experiment: paper for paper in papers}

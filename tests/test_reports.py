@@ -302,6 +302,30 @@ def test_a_cells_mean_is_over_runs_of_one_setting_and_the_others_are_named(
     assert "| fedreg | 70.00 ± 14.14 |" in table and "| fedavg | 80.00 ± 14.14 |" in table
 
 
+def test_cells_compared_with_another_budget_or_partition_are_named_under_the_table(
+    tmp_path: Path,
+) -> None:
+    """FedAvg run with 2 rounds (a `--set` meant for a quick look) beside FedReG's 5: the
+    table still sets them side by side, and says under it which key differs in which
+    cells. A key the grid varies (named in the cells) is not listed."""
+    fake_run(tmp_path, "e", "fedreg", 0)
+    fake_run(tmp_path, "e", "fedrod", 0)
+    fake_run(tmp_path, "e", "fedavg", 0, config={"num-server-rounds": 2, "alpha": 0.5})
+    fake_run(tmp_path, "g", "fedreg__alpha-0.5", 0, config={"alpha": 0.5})
+    fake_run(tmp_path, "g", "fedreg__alpha-0.1", 0)
+    table = write_report(tmp_path, tmp_path / "report")[0].read_text()
+    assert (
+        "Settings that differ between the cells of one experiment (compare with care):\n"
+        "- e: `alpha` is 0.1 (fedreg, fedrod); 0.5 (fedavg)\n"
+        "- e: `num-server-rounds` is 5 (fedreg, fedrod); 2 (fedavg)\n"
+    ) in table
+    assert "- g:" not in table
+    fake_run(tmp_path / "same", "e", "fedreg", 0)
+    fake_run(tmp_path / "same", "e", "fedavg", 0, config={"head-depth": 1})  # its own split
+    same = write_report(tmp_path / "same", tmp_path / "r2")[0].read_text()
+    assert "Settings that differ" not in same
+
+
 def test_a_run_recorded_with_another_seed_than_its_folders_is_refused(tmp_path: Path) -> None:
     """A results.json copied into the wrong seed folder would be averaged as that seed
     (twice, beside its own): refused and named."""
