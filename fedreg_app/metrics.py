@@ -140,6 +140,39 @@ BEST_OF = {
 }
 
 
+#: Per-round accuracies: each a fraction in [0, 1], or null (not evaluated).
+ACCURACY_FIELDS = (
+    "global_accuracy",
+    "personal_accuracy",
+    "personal_accuracy_answered",
+    "personal_accuracy_sampled",
+    "global_accuracy_answered",
+)
+#: Per-round costs: each a finite number >= 0.
+COST_FIELDS = ("train_seconds", "eval_seconds")
+
+
+def is_real(value: Any) -> bool:
+    """A finite JSON number (not a bool, not text)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def round_problem(record: Any, number: int) -> str | None:
+    """Why a results file's record of round ``number`` cannot be read as one (None when it
+    can): a report and a replay publish or compare what it says, so a value out of range
+    or a round out of place (a hand edit, a damaged copy) is refused, not used."""
+    if not isinstance(record, dict) or record.get("round") != number:
+        return f"rounds[{number - 1}] is not the record of round {number}"
+    for key in ACCURACY_FIELDS:
+        value = record.get(key)
+        if value is not None and not (is_real(value) and 0 <= value <= 1):
+            return f"round {number}: {key} is {value!r}; expected a fraction in [0, 1] or null"
+    for key in COST_FIELDS:
+        if not (is_real(record.get(key)) and record[key] >= 0):
+            return f"round {number}: {key} is {record.get(key)!r}; expected a number >= 0"
+    return None
+
+
 def _best(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None

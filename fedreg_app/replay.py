@@ -42,7 +42,7 @@ from fedreg_app.config import ConfigError
 from fedreg_app.environment import describe_environment, environment_note
 from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
 from fedreg_app.launcher import LocalSuperLink
-from fedreg_app.metrics import first_line
+from fedreg_app.metrics import first_line, round_problem
 from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
 
@@ -109,8 +109,9 @@ def read_recording(path: Path) -> Recording:
     if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
         raise ConfigError(f"{path}: run.num_clients is {clients!r}; expected an integer >= 1")
     for index, record in enumerate(rounds, start=1):
-        if not isinstance(record, dict) or record.get("round") != index:
-            raise ConfigError(f"{path}: rounds[{index - 1}] is not the record of round {index}")
+        problem = round_problem(record, index)
+        if problem:
+            raise ConfigError(f"{path}: {problem}")
         absent = [k for k in COMPARED if k not in record]
         if absent:
             raise ConfigError(f"{path}: round {index} has no {', '.join(absent)}")

@@ -59,7 +59,16 @@ from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 from clients.rebalance import class_threshold  # noqa: E402
 from fedreg_app.config import ConfigError, setting_differences  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
-from fedreg_app.metrics import BEST_OF, COMPLETED, DEGRADED, FAILED, RUNNING, STOPPED  # noqa: E402
+from fedreg_app.metrics import (  # noqa: E402
+    BEST_OF,
+    COMPLETED,
+    DEGRADED,
+    FAILED,
+    RUNNING,
+    STOPPED,
+    is_real,
+    round_problem,
+)
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
 from fedreg_app.registry import load_config  # noqa: E402
@@ -260,36 +269,9 @@ def results_files(root: Path) -> dict[Path, list[Path]]:
     return dict(sorted(files.items()))
 
 
-#: Per-round accuracies a report reads: each a fraction in [0, 1], or null (not evaluated).
-ACCURACY_FIELDS = (
-    "global_accuracy",
-    "personal_accuracy",
-    "personal_accuracy_answered",
-    "personal_accuracy_sampled",
-    "global_accuracy_answered",
-)
-#: Per-round costs a report reads: each a finite number >= 0.
-COST_FIELDS = ("train_seconds", "eval_seconds")
 TOTALS = ("total_bytes_to_clients", "total_bytes_from_clients", "total_train_bytes_to_clients",
           "total_train_bytes_from_clients", "total_trained_parameters")  # fmt: skip
 INVALID = "invalid"
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _round_problem(record: Any, number: int) -> str | None:
-    if not isinstance(record, dict) or record.get("round") != number:
-        return f"rounds[{number - 1}] is not the record of round {number}"
-    for key in ACCURACY_FIELDS:
-        value = record.get(key)
-        if value is not None and not (_real(value) and 0 <= value <= 1):
-            return f"round {number}: {key} is {value!r}; expected a fraction in [0, 1] or null"
-    for key in COST_FIELDS:
-        if not (_real(record.get(key)) and record[key] >= 0):
-            return f"round {number}: {key} is {record.get(key)!r}; expected a number >= 0"
-    return None
 
 
 def document_problem(document: Any) -> str | None:
@@ -312,7 +294,7 @@ def document_problem(document: Any) -> str | None:
     if not isinstance(rounds, list):
         return "rounds is not a list"
     for number, record in enumerate(rounds, start=1):
-        problem = _round_problem(record, number)
+        problem = round_problem(record, number)
         if problem:
             return problem
     for best, field in BEST_OF.items():
@@ -321,7 +303,7 @@ def document_problem(document: Any) -> str | None:
         if best in document and document[best] != expected:
             return f"{best} is {document[best]!r} but the rounds' best {field} is {expected!r}"
     for key in TOTALS:
-        if key in document and not (_real(document[key]) and document[key] >= 0):
+        if key in document and not (is_real(document[key]) and document[key] >= 0):
             return f"{key} is {document[key]!r}; expected a number >= 0"
     return None
 

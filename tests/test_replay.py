@@ -35,6 +35,8 @@ def round_record(number: int, g: float | None = 0.5, p: float | None = 0.6) -> d
         "client_accuracies": None if p is None else {"0": p, "1": p, "10": p},
         "sampled_clients": [0, 1],
         "num_train_examples": 40,
+        "train_seconds": 1.5,
+        "eval_seconds": 0.5,
     }
 
 
@@ -76,6 +78,30 @@ def test_a_round_record_without_a_compared_field_is_named(tmp_path: Path) -> Non
     path.write_text(json.dumps(document))
     with pytest.raises(replay.ConfigError, match="round 2 has no sampled_clients"):
         read_recording(path)
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"global_accuracy": "0.9"}, "round 2: global_accuracy is '0.9'; expected a fraction"),
+        ({"personal_accuracy": 7.5}, "round 2: personal_accuracy is 7.5"),
+        ({"round": 3}, "rounds[1] is not the record of round 2"),
+    ],
+)
+def test_a_record_with_a_value_out_of_range_is_refused_not_compared(
+    tmp_path: Path, capsys, edit, problem
+) -> None:
+    """A hand-edited record compared as it stood gave `max_abs_diff=0` beside a text
+    accuracy: refused before any comparison, naming the round and the key, the same check
+    a report makes."""
+    path = results_file(tmp_path)
+    document = json.loads(path.read_text())
+    document["rounds"][1].update(edit)
+    path.write_text(json.dumps(document))
+    (tmp_path / "other").mkdir()
+    other = results_file(tmp_path / "other")
+    assert problem in error_of([str(path), "--against", str(other)], capsys)
+    assert problem in error_of([str(other), "--against", str(path)], capsys)
 
 
 @pytest.mark.parametrize("rounds", ["0", "4"])
