@@ -83,6 +83,10 @@ class ClientProcedure:
     private_groups: tuple[str, ...] = ()
     #: Other records the procedure keeps in the client's state (Ditto's v_k, ...).
     state_records: tuple[str, ...] = ()
+    #: Whether its schedule is laid out over ``num-server-rounds`` (FedSeq's unfreezing,
+    #: a fine-tune in or after the last rounds): a resume must then keep that number, or
+    #: the rounds before and after it follow two different schedules.
+    schedule_over_rounds: bool = False
 
     @classmethod
     def keeps_state(cls, config: RunConfig) -> bool:

@@ -47,6 +47,7 @@ class FedBABUOptions(AlgorithmOptions):
 class FedBABUClient(ClientProcedure):
     #: The head is the shared initial one, which the client builds itself.
     shared_groups = (BASE,)
+    schedule_over_rounds = True  # the fine-tune of the last round(s)
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)

@@ -50,8 +50,19 @@ class FedBABUDeviationClient(FedBABUClient):
         sent = {group_of(key) for key in arrays}
         self.model.load_group_state(arrays, *(g for g in (BASE, HEAD_G) if g in sent))
 
+    def finetuning(self) -> bool:
+        """The server's word on the phase: a bool (what the strategy sends), else a
+        ValueError naming the key: a truthy string such as "false" must not switch the
+        client to training its head."""
+        value = self.server_config.get(FINETUNE_PHASE, False)
+        if not isinstance(value, bool):
+            raise ValueError(
+                f"{FINETUNE_PHASE}={value!r} from the server is not allowed: expected true/false"
+            )
+        return value
+
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
-        if not self.server_config.get(FINETUNE_PHASE, False):
+        if not self.finetuning():
             return super().train(global_arrays, server_round)
         self.load_global(global_arrays)
         processed = self.fit(

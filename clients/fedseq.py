@@ -102,6 +102,7 @@ def of_layers(arrays: dict[str, np.ndarray], layers: list[str]) -> dict[str, np.
 class FedSeqClient(ClientProcedure):
     state_records = (FINETUNED,)
     anti = False
+    schedule_over_rounds = True  # unfreezing and fine-tune rounds spread over the run
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         finetuning = is_finetuning(self.config, server_round)

@@ -41,7 +41,6 @@ class is topped up with exact copies of its own samples (oversampling).
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ import numpy as np
 import torch
 
 from fedreg_app.config import threshold_statistic_or_count
-from fedreg_app.data import TEST_FRACTION, PartitionKey, TensorData, federated_dataset
+from fedreg_app.data import PartitionKey, TensorData, split_sizes
 from fedreg_app.persist import load_checked_arrays, load_json, read_cache, save_arrays, save_json
 
 if TYPE_CHECKING:
@@ -260,12 +259,7 @@ def _from_arrays(arrays: dict[str, np.ndarray]) -> RebalancedData:
 
 @functools.cache
 def _partition_train_sizes(key: PartitionKey) -> tuple[int, ...]:
-    fds = federated_dataset(key)
-    sizes = []
-    for pid in range(key.num_partitions):
-        n = len(fds.load_partition(pid, "train"))
-        sizes.append(n - math.ceil(TEST_FRACTION * n))  # datasets' train_test_split
-    return tuple(sizes)
+    return tuple(train for train, _ in split_sizes(key).values())
 
 
 def partition_train_sizes(key: PartitionKey, cache: Path | None = None) -> tuple[int, ...]:

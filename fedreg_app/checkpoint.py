@@ -28,7 +28,7 @@ import io
 import json
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,15 +125,20 @@ class Checkpoint:
         )
         return checkpoint, folder.parent
 
-    def check_compatible(self, config: RunConfig) -> None:
-        """A resumed run must be the same experiment: same algorithm, data, seed, ..."""
+    def check_compatible(self, config: RunConfig, fixed: Collection[str] = ()) -> None:
+        """A resumed run must be the same experiment: same algorithm, data, seed, ...;
+        ``fixed``: keys of :data:`RESUMABLE_CHANGES` the algorithm needs kept too."""
         now = config.to_run_config()
         for key, then in sorted(self.run_config.items()):
-            if key in RESUMABLE_CHANGES or now.get(key, then) == then:
+            if (key in RESUMABLE_CHANGES and key not in fixed) or now.get(key, then) == then:
                 continue
+            why = (
+                f"{config.algo} lays its schedule out over it" if key in fixed
+                else f"only {', '.join(sorted(RESUMABLE_CHANGES))} may change"
+            )  # fmt: skip
             raise ConfigError(
                 f"resume: {key}={now.get(key)!r} is not allowed: the checkpoint was made with "
-                f"{key}={then!r} (only {', '.join(sorted(RESUMABLE_CHANGES))} may change)"
+                f"{key}={then!r} ({why})"
             )
         # As many rounds as the checkpoint holds: killed after its last round, the resume
         # only completes the run (writes its final status); fewer cannot be meant.
@@ -234,11 +239,12 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 
 def _field(state: Mapping[str, Any], key: str, kind: type, path: Path) -> Any:
     value = state.get(key)
-    if kind is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
+    if kind is int and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value  # the only int field is the round: a checkpoint is of round 1 or later
     if kind is not int and isinstance(value, kind):
         return value
-    raise _fail(path, f"has no valid {key!r} (expected {kind.__name__}, got {value!r:.60})")
+    wanted = "an integer >= 1" if kind is int else kind.__name__
+    raise _fail(path, f"has no valid {key!r} (expected {wanted}, got {value!r:.60})")
 
 
 def _round_folders(folder: Path) -> list[Path]:

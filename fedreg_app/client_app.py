@@ -23,7 +23,7 @@ from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_state import VersionedState
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
-from fedreg_app.models import initial_model
+from fedreg_app.models import checked_value, initial_model
 from fedreg_app.privacy import privatise_locally
 from fedreg_app.protocol import (
     ARRAYS,
@@ -151,7 +151,8 @@ def persistent_state(
     records from ``context.state`` again: the disk holds them until the node's next message
     (in simulation Flower keeps every node's ``context.state`` in one process, and ships it
     to the ClientApp with each message). Without one, ``context.state`` is all there is.
-    Records found corrupt are appended to ``resets`` (they start afresh)."""
+    Records found corrupt, and a state lost because every saved version is newer than
+    the round asked, are appended to ``resets`` (they start afresh)."""
     state_dir = state_dir_of(NodeSettings.from_context(context), setup.config)
     if state_dir is None:
         yield
@@ -159,7 +160,7 @@ def persistent_state(
     # The ServerApp names the run's state (the same across a server resume, which gets a
     # new Flower run id), so personalization carries over.
     state_key = str(msg.content[CONFIG].get(STATE_KEY) or context.run_id)
-    server_round = int(msg.content[CONFIG][SERVER_ROUND])
+    server_round = server_round_of(msg)
     versions = VersionedState(state_folder(state_dir, state_key, setup.data.partition_id))
     # Training in round t starts from the state before t; evaluation sees round t's.
     upto = server_round - 1 if msg.metadata.message_type == MessageType.TRAIN else server_round
@@ -186,11 +187,24 @@ def query(msg: Message, context: Context) -> Message:
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
 
+def server_round_of(msg: Message) -> int:
+    """The message's round, refused (ValueError naming it) unless an int >= 1: it names
+    the private-state version to restore and to write, so a crafted 0 or -1 would delete
+    the node's saved versions, and a float or string would be truncated or parsed."""
+    config = msg.content[CONFIG] if CONFIG in msg.content.config_records else {}
+    value = config.get(SERVER_ROUND)
+    if type(value) is not int or value < 1:
+        raise ValueError(
+            f"{SERVER_ROUND}={value!r} from the server is not allowed: expected an integer >= 1"
+        )
+    return value
+
+
 def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, dict, int]:
     """The algorithm's client procedure for this node, the server's arrays and the round."""
     procedure = get_algorithm(setup.config.algo).client(setup)
     procedure.server_config = dict(msg.content[CONFIG])
-    return procedure, from_record(msg.content[ARRAYS]), int(msg.content[CONFIG][SERVER_ROUND])
+    return procedure, from_record(msg.content[ARRAYS]), server_round_of(msg)
 
 
 def reply(
@@ -231,6 +245,7 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
     """Set up, restore private state, run ``work`` (metrics, and arrays to send or None),
     persist what changed, reply with the metrics and the seconds spent."""
     received = time.perf_counter()
+    server_round_of(msg)  # before any state is read or written
     setup = client_setup(context)
     resets: list[str] = []
     with persistent_state(msg, context, setup, resets):
@@ -244,15 +259,33 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
 
 def train_work(procedure: ClientProcedure, arrays: dict, server_round: int, msg: Message) -> tuple:
     """Train; under local DP clip and noise the update before it leaves the client."""
-    result = procedure.train(arrays, server_round)
     if procedure.config.dp_mode != "local":
+        result = procedure.train(arrays, server_round)
         return result.metrics, result.arrays
-    reference = dict(arrays)
-    if DP_REFERENCE in msg.content.array_records:
-        reference.update(from_record(msg.content[DP_REFERENCE]))
+    reference = dp_reference(procedure, arrays, msg)  # checked before any training
+    result = procedure.train(arrays, server_round)
     noisy = privatise_locally(result.arrays, reference, procedure.config,
                               procedure.data.partition_id, server_round)  # fmt: skip
     return result.metrics, noisy
+
+
+def dp_reference(procedure: ClientProcedure, sent: dict, msg: Message) -> dict:
+    """What local DP clips the update around: the sent arrays and the server's
+    reference for the rest of the update. Each reference entry must be an entry of the
+    model the server did not send, with its shape and dtype and finite values (as the
+    global model is checked): a crafted one would move the released update where the
+    server wants it, and a wrong shape would broadcast."""
+    reference = dict(sent)
+    if DP_REFERENCE not in msg.content.array_records:
+        return reference
+    own = procedure.model.state_dict()
+    for key, value in from_record(msg.content[DP_REFERENCE]).items():
+        if key not in own or key in sent:
+            why = "is also in the sent arrays" if key in sent else "is not an entry of the model"
+            raise ValueError(f"{DP_REFERENCE}: key {key!r} {why}: expected model entries not sent")
+        checked_value(f"{DP_REFERENCE}: {key}", value, own[key])
+        reference[key] = value
+    return reference
 
 
 def evaluate_work(

@@ -15,6 +15,11 @@ the killed attempt left. So:
   round t: at most t); newer versions are stale leftovers of a killed attempt and are
   deleted, as are versions older than the one restored (the server's checkpoint never
   goes back that far);
+* each version's manifest says ``since``: the round its lineage began from no state. When
+  every version is newer than the round asked, the client starts afresh; that is exact
+  if the state began after that round (a client first sampled in the killed round), else
+  the state of that round is lost (a server resumed from an older checkpoint): the
+  caller counts it as a reset, and it is logged;
 * a record whose file does not match its manifest is moved aside as
   ``<file>.corrupt-<timestamp>`` and that record starts fresh; the caller reports it;
 * once committed, the records are released from memory (:meth:`VersionedState.release`):
@@ -53,6 +58,8 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 PREFIX = "round-"
+#: What :attr:`Restored.reset` names when no version is usable and the state was lost.
+NO_USABLE_VERSION = "(no usable version)"
 
 
 def version_name(server_round: int) -> str:
@@ -77,6 +84,8 @@ class VersionedState:
         #: name -> (the record object restored, its file): a record the procedure did not
         #: replace is the same object (algorithms replace a record when they change it).
         self._loaded: dict[str, tuple[ArrayRecord, Path]] = {}
+        #: The round the restored state's lineage began (None: nothing restored).
+        self._since: int | None = None
 
     def versions(self) -> dict[int, Path]:
         """Complete versions on disk by round (a folder without manifest is not one)."""
@@ -90,21 +99,39 @@ class VersionedState:
 
     def restore(self, state: RecordDict, upto_round: int) -> Restored:
         """Replace the ArrayRecords of ``state`` by the newest version of a round
-        <= ``upto_round``; delete versions after it (stale) and before it (superseded)."""
+        <= ``upto_round``; delete versions after it (stale) and before it (superseded).
+        When none is usable and the state existed by ``upto_round``, ``reset`` says so."""
         for name in [n for n, r in state.items() if isinstance(r, ArrayRecord)]:
             del state[name]  # the disk is the truth: memory may hold a killed attempt's
         self._loaded = {}
         versions = self.versions()
         usable = [r for r in versions if r <= upto_round]
         chosen = max(usable, default=0)
+        result = Restored(round=chosen)
+        if versions and not usable:
+            self._note_lost(versions, upto_round, result)
+        self._since = lineage_start(versions[chosen]) if chosen else None
         for round_, path in versions.items():
             if round_ != chosen:
                 shutil.rmtree(path, ignore_errors=True)
         self._remove_partial_folders()
-        result = Restored(round=chosen)
         if chosen:
             self._load_version(versions[chosen], state, result)
         return result
+
+    def _note_lost(self, versions: dict[int, Path], upto_round: int, result: Restored) -> None:
+        """Every version is newer than ``upto_round``: the state of that round is gone
+        unless the state began after it. Counted in ``result.reset`` and logged, so the
+        round's record shows a client that lost its personalization."""
+        began = min(lineage_start(path) for path in versions.values())
+        if began > upto_round:  # nothing existed at that round: starting afresh is exact
+            return
+        logger.warning(
+            "client state %s: versions of rounds %s are all newer than round %d, the one "
+            "asked for; its state of that round is lost and starts afresh",
+            self.folder, sorted(versions), upto_round,
+        )  # fmt: skip
+        result.reset.append(NO_USABLE_VERSION)
 
     def _load_version(self, folder: Path, state: RecordDict, result: Restored) -> None:
         try:
@@ -149,7 +176,8 @@ class VersionedState:
             else:
                 save_arrays(path, from_record(record))
             manifest[name] = {"file": path.name, "sha256": file_sha256(path)}
-        write_text_atomic(staging / MANIFEST, json.dumps({"round": server_round,
+        since = server_round if self._since is None else self._since
+        write_text_atomic(staging / MANIFEST, json.dumps({"round": server_round, "since": since,
                                                           "records": manifest}))  # fmt: skip
         target = self.folder / version_name(server_round)
         if target.exists():  # a stale attempt at this round
@@ -182,3 +210,14 @@ class VersionedState:
         """Keep the bad file for inspection beside the versions (which get deleted)."""
         if path.exists():
             quarantine(path, keep_as=self.folder / f"{path.parent.name}-{path.name}")
+
+
+def lineage_start(folder: Path) -> int:
+    """The round a version's lineage began from no state (its manifest's ``since``); 1
+    where the manifest does not say (written before ``since``, or unreadable): the state
+    may then have existed from the start, so a loss of it is counted, not assumed away."""
+    try:
+        since = json.loads((folder / MANIFEST).read_text()).get("since")
+    except (OSError, ValueError, AttributeError):
+        return 1
+    return since if type(since) is int and since >= 1 else 1

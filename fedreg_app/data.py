@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -112,9 +113,28 @@ class ClientData:
     test: TensorData
 
 
+def dataset_files(folder: Path) -> list[Path]:
+    """A local dataset's parquet files: ``train`` and whichever second split it has."""
+    candidates = (folder / f"{split}.parquet" for split in ("train", *SECOND_SPLITS))
+    return [path for path in candidates if path.is_file()]
+
+
+def source_fingerprint(dataset_path: str) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime_ns) of each file of a local dataset (none for a hub one): a
+    cheap stand-in for their content, so that a dataset replaced at the same path (a
+    re-download, a re-conversion) is decoded again instead of read from a cache."""
+    found = []
+    for path in dataset_files(Path(dataset_path)) if dataset_path else []:
+        info = path.stat()
+        found.append((path.name, info.st_size, info.st_mtime_ns))
+    return tuple(found)
+
+
 @dataclass(frozen=True)
 class PartitionKey:
-    """Everything that determines the partition; equal keys give identical data."""
+    """Everything that determines the partition; equal keys give identical data. With a
+    local dataset that includes its files' sizes and times (``source``): every cache of
+    decoded data, in a process or on a node's disk, is keyed on this."""
 
     dataset: str
     dataset_path: str
@@ -125,6 +145,7 @@ class PartitionKey:
     data_fraction: float = 1.0
     partition: str = "dirichlet"
     shard_classes: int = 2
+    source: tuple[tuple[str, int, int], ...] = ()
 
     @classmethod
     def from_config(cls, config: RunConfig, num_partitions: int) -> PartitionKey:
@@ -139,6 +160,7 @@ class PartitionKey:
             data_fraction=config.data_fraction,
             partition=config.partition,
             shard_classes=config.shard_classes,
+            source=source_fingerprint(path),
         )
 
 
@@ -194,11 +216,7 @@ def federated_dataset(key: PartitionKey) -> FederatedDataset:
     if key.dataset_path:
         folder = Path(key.dataset_path)
         name = "parquet"
-        load_kwargs["data_files"] = {
-            split: str(folder / f"{split}.parquet")
-            for split in ("train", *SECOND_SPLITS)
-            if (folder / f"{split}.parquet").is_file()
-        }
+        load_kwargs["data_files"] = {path.stem: str(path) for path in dataset_files(folder)}
         for path in load_kwargs["data_files"].values():
             _check_parquet_footer(Path(path))
     fds = FederatedDataset(
@@ -390,6 +408,19 @@ def load_info(key: PartitionKey) -> DatasetInfo:
             "speaking role, as LEAF partitions Shakespeare)"
         )
     return info
+
+
+def split_sizes(key: PartitionKey) -> dict[int, tuple[int, int]]:
+    """Every partition's (train, test) split sizes, as :func:`client_splits` cuts them
+    (the test split takes ceil(0.25 n) of n samples): from the seeded partitioning that
+    every node repeats, labels only, no image decoded. The server checks replies with it."""
+    fds = federated_dataset(key)
+    sizes = {}
+    for pid in range(key.num_partitions):
+        n = len(fds.load_partition(pid, "train"))
+        test = math.ceil(TEST_FRACTION * n)
+        sizes[pid] = (n - test, test)
+    return sizes
 
 
 @cache

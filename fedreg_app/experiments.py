@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import itertools
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -60,11 +62,12 @@ from typing import Any
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
 from fedreg_app.config import ConfigError, setting_differences
 from fedreg_app.launcher import LocalSuperLink, toml_value
-from fedreg_app.metrics import FAILED, first_line, mark_stopped
+from fedreg_app.metrics import FAILED, first_line, kept_rounds_problem, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
 from fedreg_app.persist import (
     RUN_FOLDER_LOCK,
     FolderInUseError,
+    UnsafeLockError,
     folder_holder,
     hold_folder,
     release_folder,
@@ -77,10 +80,12 @@ from fedreg_app.reports import (
     PAPER_TABLE,
     RUNNING,
     PaperCells,
+    document_problem,
     footnotes,
     marked,
     mean_std,
     personal_figure,
+    read_document,
     run_status,
     write_report,
 )
@@ -95,6 +100,52 @@ EXIT_TIME_UP = 3  # stopped by --max-minutes; the same command continues
 EXIT_BUSY = 4  # another runner is using the same --out
 #: In ``--out``: held (``flock``) by the runner using that folder, with its PID inside.
 RUNNER_LOCK = ".fedreg-experiment.lock"
+
+
+#: The keys of a config file's ``[experiment]`` table.
+EXPERIMENT_KEYS = ("name", "clients", "algos", "seeds", "grid", "variants", PAPER_TABLE)
+#: A name that becomes a folder under ``--out``: no separator, no ``..``, no hidden name.
+FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def experiment_table_problem(meta: Any) -> str | None:
+    """What is wrong with an ``[experiment]`` table (None if nothing): each key with the
+    type it needs, so that a bad file is refused naming the key, before any run (a name
+    such as ``../x`` would put runs outside ``--out``, ``seeds = 2.9`` would run 2)."""
+    if not isinstance(meta, dict):
+        return "must be a table"
+    for key in meta:
+        if key not in EXPERIMENT_KEYS:
+            close = difflib.get_close_matches(key, EXPERIMENT_KEYS, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            return f"{key!r} is not one of its keys ({', '.join(EXPERIMENT_KEYS)}){hint}"
+    name = meta.get("name")
+    if name is not None and not (isinstance(name, str) and FOLDER_NAME.fullmatch(name)):
+        return f"name={name!r} is not allowed: expected a folder name (letters, digits, ._-)"
+    for key in ("clients", "seeds"):
+        if key in meta and not _count(meta[key]):
+            return f"{key}={meta[key]!r} is not allowed: expected an integer >= 1"
+    algos = meta.get("algos")
+    if algos is not None and not (
+        isinstance(algos, list) and algos and all(isinstance(a, str) for a in algos)
+    ):
+        return f"algos={algos!r} is not allowed: expected a list of algorithm names"
+    grid = meta.get("grid", {})
+    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
+        return f"grid={grid!r} is not allowed: expected a table of non-empty lists of values"
+    variants = meta.get("variants", {})
+    if not isinstance(variants, dict) or not all(
+        isinstance(v, dict) and FOLDER_NAME.fullmatch(str(k)) for k, v in variants.items()
+    ):
+        return (
+            f"variants={variants!r} is not allowed: expected a table of tables, each named "
+            "as a folder (letters, digits, ._-)"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -114,6 +165,9 @@ class Experiment:
     def load(cls, path: Path, declared: dict[str, Any]) -> Experiment:
         document = tomllib.loads(path.read_text())
         meta = document.pop(EXPERIMENT_TABLE, {})
+        problem = experiment_table_problem(meta)
+        if problem:
+            raise ConfigError(f"{path}: [{EXPERIMENT_TABLE}] {problem}")
         variant_keys = {k for v in meta.get("variants", {}).values() for k in v}
         used = set(document) | set(meta.get("grid", {})) | variant_keys
         check_declared(used, declared, f"run config (in {path})")
@@ -174,15 +228,11 @@ class RunSpec:
     problem: str | None = field(default=None, repr=False)  # why it was not run
 
     def _documents(self) -> list[tuple[Path, dict[str, Any]]]:
-        """Every run's results in this folder, oldest first (run folders sort by time); an
-        unreadable file reads as a failed run, so that it is run again."""
-        documents = []
-        for path in sorted(self.folder.glob("*/results.json")):
-            try:
-                documents.append((path, json.loads(path.read_text())))
-            except (OSError, json.JSONDecodeError) as err:
-                documents.append((path, {"run": {"status": FAILED, "error": str(err)}}))
-        return documents
+        """Every run's results in this folder, oldest first (run folders sort by time); a
+        file that cannot be read, or that its rounds do not bear out (the report's check),
+        reads as not finished, with why."""
+        return [(path, read_document(path, self.seed))
+                for path in sorted(self.folder.glob("*/results.json"))]  # fmt: skip
 
     def finished_results(self) -> dict[str, Any] | None:
         """The newest finished run's results (completed or degraded) of this setting, if
@@ -365,9 +415,12 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         ))  # fmt: skip
     try:
         document = json.loads((folder / "results.json").read_text())
-        status = run_status(document)
     except (OSError, ValueError) as err:
         return _damaged(folder, f"results.json is unreadable ({err})", restart_damaged)
+    problem = document_problem(document)
+    if problem:
+        return _damaged(folder, f"results.json: {problem}", restart_damaged)
+    status = run_status(document)
     if status in FINISHED:
         return Attempt()
     if status == FAILED and not read_marker(folder).get("stopped"):
@@ -377,9 +430,12 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         checkpoint, _ = Checkpoint.load(folder)
     except ConfigError as err:
         return _damaged(folder, str(err), restart_damaged)
+    problem = kept_rounds_problem(document, checkpoint.round)
+    if problem:
+        return _damaged(folder, f"results.json: {problem}", restart_damaged)
     try:
         config = load_config({**declared, **spec.run_config, "resume": str(folder)})
-        checkpoint.check_compatible(config)
+        checkpoint.check_compatible(config, get_algorithm(config.algo).resume_fixed)
     except ConfigError as err:
         return Attempt(note=f"{folder} cannot be resumed with this config ({err}); starting anew")
     if spec.keeps_state:
@@ -532,6 +588,8 @@ def exclusive_out(out: Path) -> Iterator[None]:
     other's results. Raises :class:`FolderInUseError` naming the other's PID."""
     try:
         handle = hold_folder(out, RUNNER_LOCK, f"another fedreg-experiment (PID {os.getpid()})")
+    except UnsafeLockError:
+        raise  # a planted link, not another runner: its own message says so
     except FolderInUseError as busy:
         raise FolderInUseError(
             f"{busy}: two runners on one --out would resume the same runs and write over "

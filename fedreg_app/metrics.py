@@ -25,11 +25,11 @@ import io
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.persist import write_text_atomic
+from fedreg_app.persist import json_text, write_text_atomic
 from fedreg_app.tensorboard_log import TensorBoardLog
 
 CSV_COLUMNS = (
@@ -207,8 +207,17 @@ class ResultsWriter:
         tensorboard: bool = False,
     ) -> ResultsWriter:  # fmt: skip
         """Continue a run folder: its rounds up to the checkpoint's are kept (a round
-        written after the last checkpoint is dropped, to be run again)."""
-        document = json.loads((folder / "results.json").read_text())
+        written after the last checkpoint is dropped, to be run again). The kept rounds
+        come from disk: each must be there, in place and in range, or the resume is
+        refused (:class:`ValueError` naming the file and round) before anything is written."""
+        path = folder / "results.json"
+        document = json.loads(path.read_text())
+        problem = kept_rounds_problem(document, after_round)
+        if problem:
+            raise ValueError(
+                f"resume: {path}: {problem}; the checkpoint is of round {after_round}, so "
+                "rounds 1 to it are kept from this file: start the run anew"
+            )
         resumes = [*document["run"].get("resumed", []), {
             "run_id": run["run_id"], "after_round": after_round,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -280,13 +289,34 @@ class ResultsWriter:
             "rounds": [asdict(r) for r in self.rounds],
             **self.summary(),
         }
-        write_text_atomic(self.json_path, json.dumps(document, indent=2))
+        write_text_atomic(self.json_path, json_text(document))
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(CSV_COLUMNS)
         for r in self.rounds:
             writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in CSV_COLUMNS])
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())
+
+
+def kept_rounds_problem(document: Any, after_round: int) -> str | None:
+    """Why a results.json cannot give a resume its first ``after_round`` rounds (None
+    when it can): a hole, a value out of range or a key this version does not know
+    would be carried into the finished run's record and its best figures."""
+    if not isinstance(document, dict) or not isinstance(document.get("run"), dict):
+        return "expected a JSON object with run and rounds"
+    rounds = document.get("rounds")
+    if not isinstance(rounds, list) or len(rounds) < after_round:
+        held = len(rounds) if isinstance(rounds, list) else rounds
+        return f"it holds {held!r} rounds, fewer than the checkpoint's"
+    known = {f.name for f in fields(RoundRecord)}
+    for number, record in enumerate(rounds[:after_round], start=1):
+        problem = round_problem(record, number)
+        if problem:
+            return problem
+        unknown = sorted(set(record) - known)
+        if unknown:
+            return f"round {number} has keys this version does not know: {unknown[:3]}"
+    return None
 
 
 def mark_stopped(folder: Path, reason: str, checkpoint_round: int) -> bool:
@@ -314,7 +344,7 @@ def mark_stopped(folder: Path, reason: str, checkpoint_round: int) -> bool:
     run.pop("finished", None)
     run.pop("error", None)
     run.update(status=STOPPED, stopped=stopped)
-    write_text_atomic(path, json.dumps(document, indent=2))
+    write_text_atomic(path, json_text(document))
     return True
 
 

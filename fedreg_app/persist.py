@@ -11,7 +11,10 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
+import math
 import os
+import stat
 import tempfile
 import time
 import zipfile
@@ -77,8 +80,27 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         return {key: archive[key] for key in archive.files}
 
 
+def finite_only(value: Any, where: str = "") -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON null), each
+    named in a warning: JSON has no such numbers, and a file holding Python's ``NaN``
+    token is refused by strict readers (browsers, jq, most languages' parsers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        logging.getLogger(__name__).warning("%s is %r; written as null", where or "value", value)
+        return None
+    if isinstance(value, dict):
+        return {k: finite_only(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_only(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def json_text(document: Any) -> str:
+    """Strict JSON (no NaN or Infinity tokens), indented, as every file here is written."""
+    return json.dumps(finite_only(document), indent=2, allow_nan=False)
+
+
 def save_json(path: Path, document: Any) -> None:
-    write_text_atomic(path, json.dumps(document, indent=2))
+    write_text_atomic(path, json_text(document))
 
 
 def load_json(path: Path) -> Any:
@@ -150,6 +172,31 @@ class FolderInUseError(RuntimeError):
     """Another process holds a folder that only one may write at a time."""
 
 
+class UnsafeLockError(FolderInUseError):
+    """A folder's lock file is a symlink or not a regular file: holding it would write
+    through to whatever it points at, so the folder is not held (a FolderInUseError:
+    whoever refuses a busy folder refuses this one the same way)."""
+
+
+def open_lock_file(path: Path, flags: int) -> IO[str]:
+    """``path`` opened without following a symlink (``O_NOFOLLOW``), refused
+    (:class:`UnsafeLockError` naming it) unless it is a regular file: the holder's name
+    is written into it, and a link planted there would overwrite the file it names."""
+    try:
+        # O_NONBLOCK: a FIFO planted there must not hang the open (no effect on a file)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError as err:
+        if path.is_symlink():
+            raise UnsafeLockError(
+                f"lock file {path} is a symlink: expected a regular file (remove the link)"
+            ) from None
+        raise err
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeLockError(f"lock file {path} is not a regular file: expected one")
+    return os.fdopen(fd, "r+" if flags & os.O_RDWR else "r")
+
+
 def hold_folder(folder: Path, lock_name: str, holder: str) -> IO[str]:
     """Hold ``folder`` for this process: an exclusive ``flock`` on ``folder/lock_name``,
     which the kernel releases when the file is closed or the process ends, however it
@@ -157,9 +204,10 @@ def hold_folder(folder: Path, lock_name: str, holder: str) -> IO[str]:
     when) is written inside for the next one's message. Returns the open file: the lock
     lasts until :func:`release_folder` or the process's end. Raises
     :class:`FolderInUseError` naming the holder when another process (or another open
-    of the file in this one) holds it."""
+    of the file in this one) holds it, :class:`UnsafeLockError` when the lock file is a
+    symlink or not a regular file."""
     folder.mkdir(parents=True, exist_ok=True)
-    handle = (folder / lock_name).open("a+")
+    handle = open_lock_file(folder / lock_name, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -186,8 +234,8 @@ def folder_holder(folder: Path, lock_name: str) -> str | None:
     probe with a shared lock, dropped at once: it never waits, and it does not create
     the lock file."""
     try:
-        handle = (folder / lock_name).open()
-    except OSError:
+        handle = open_lock_file(folder / lock_name, os.O_RDONLY)
+    except (OSError, UnsafeLockError):
         return None
     with handle:
         try:

@@ -27,6 +27,10 @@ HOSTNAME = "hostname"
 TORCH_VERSION = "torch"
 CPU_CAPABILITY = "cpu-capability"
 RAY_NODE = "ray-node"
+#: The only host keys a server keeps (a reply is data from the wire: no other key, and
+#: each value cut to :data:`HOST_VALUE_CHARS` characters).
+HOST_KEYS = (HOSTNAME, TORCH_VERSION, CPU_CAPABILITY, RAY_NODE)
+HOST_VALUE_CHARS = 200
 
 # Message config, server -> client.
 SERVER_ROUND = "server-round"
@@ -53,7 +57,11 @@ GLOBAL_CORRECT = "global-correct"  # the global model on the client's test split
 NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this round
 COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
 HANDLER_SECONDS = "handler-seconds"  # the whole message handler, setup included
-STATE_RESETS = "state-resets"  # private-state files found corrupt and started afresh
+STATE_RESETS = "state-resets"  # private state started afresh: a corrupt file, or lost versions
+#: Reply metrics a server adds into the round's record when present: finite numbers >= 0,
+#: and the counts whole (none is trusted: a text or NaN value would end or poison a run).
+COST_SECONDS = (COMPUTE_SECONDS, HANDLER_SECONDS)
+COST_COUNTS = (NUM_TRAINED_PARAMS, STATE_RESETS)
 
 #: A state key as the ServerApp makes it (a run folder's name): letters, digits, ``._-``,
 #: starting with a letter or digit, no path separators, at most 200 characters.

@@ -58,6 +58,12 @@ class Algorithm:
     #: A reference point, not a federated algorithm (local, centralised training).
     reference: bool = False
 
+    @property
+    def resume_fixed(self) -> tuple[str, ...]:
+        """Run-config keys a resume of this algorithm must keep, though others may change
+        them (see :data:`~fedreg_app.checkpoint.RESUMABLE_CHANGES`)."""
+        return ("num-server-rounds",) if self.client.schedule_over_rounds else ()
+
 
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a

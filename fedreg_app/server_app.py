@@ -21,11 +21,12 @@ from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedreg_app.checkpoint import Checkpoint
+from fedreg_app.checkpoint import Checkpoint, committed_round
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import (
     PartitionKey,
@@ -33,9 +34,10 @@ from fedreg_app.data import (
     federated_dataset,
     load_info,
     load_union_test_set,
+    split_sizes,
 )
 from fedreg_app.environment import describe_environment
-from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line
+from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line, mark_stopped
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder, release_folder
@@ -44,6 +46,8 @@ from fedreg_app.protocol import (
     COMPUTE_SECONDS,
     HANDLER_SECONDS,
     HOST,
+    HOST_KEYS,
+    HOST_VALUE_CHARS,
     METRICS,
     NUM_PARTITIONS,
     NUM_PROCESSED,
@@ -94,7 +98,7 @@ def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, NodeFacts]:
             metrics = reply.content[METRICS]
             facts = NodeFacts(int(metrics[PARTITION_ID]), int(metrics[NUM_PARTITIONS]),
                               bool(metrics.get(STATE_ON_DISK, 0)))  # fmt: skip
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:  # int(inf): Overflow
             log(WARNING, "node %d answered the query without usable facts: %s", node, err)
             continue
         if not 0 <= facts.partition_id < facts.num_partitions:
@@ -116,11 +120,12 @@ def query_weights(
                        dst_node_id=partitions.node_of(pid))
                for pid in partitions.available()]  # fmt: skip
     weights: dict[int, dict[str, float]] = {}
+    asked = {partitions.node_of(pid): pid for pid in partitions.available()}
     for reply in exchange(grid, queries, timeout=600):
-        if reply.has_error():
+        pid = asked.get(reply.metadata.src_node_id)  # the partition asked, not the one said
+        if reply.has_error() or pid is None or METRICS not in reply.content.metric_records:
             continue
         metrics = reply.content[METRICS]
-        pid = int(metrics[PARTITION_ID])
         if reply_metrics_problem(metrics, pid, needed) == "":
             weights[pid] = {key: float(metrics[key]) for key in needed}
     missing = sorted(set(range(partitions.num_partitions)) - set(weights))
@@ -394,6 +399,20 @@ def check_weights(strategy: PersonalizedStrategy, training: Phase) -> None:
             return
 
 
+def check_finite_aggregate(model: dict[str, np.ndarray], server_round: int, replies: int) -> None:
+    """Each reply was finite, but their weighted sum (or an algorithm's correction, as
+    FedDyn's ``mean - h / alpha``) can still overflow float32: such a model is never
+    checkpointed nor sent; the run stops, its last checkpoint the round before."""
+    bad = [key for key, value in model.items() if not np.isfinite(value).all()]
+    if bad:
+        raise RunFailedError(
+            f"round {server_round}: the new global model aggregated from {replies} checked "
+            f"replies holds NaN or infinite values in {', '.join(bad[:3])}"
+            f"{' ...' if len(bad) > 3 else ''} (finite replies whose sum overflows float32); "
+            "not checkpointed: the run stops after the previous round"
+        )
+
+
 @dataclass
 class Evaluation:
     """An evaluation phase and what came of it (all None when the round had none)."""
@@ -420,6 +439,8 @@ def train_round(
     training.check_usable(server_round)
     strategy.note_trained(int(m.content[METRICS][PARTITION_ID]) for m in training.accepted)
     aggregated, metrics = strategy.aggregate_train(server_round, training.accepted)
+    if aggregated is not None:
+        check_finite_aggregate(from_record(aggregated), server_round, len(training.accepted))
     training.seconds = time.perf_counter() - started
     return training, aggregated if aggregated is not None else arrays, dict(metrics or {})
 
@@ -576,13 +597,16 @@ def round_record(
 
 
 def client_hosts(replies: Iterable[Message]) -> dict[str, dict[str, str]]:
-    """Where each reply's client ran, by partition (what it said; only text is kept)."""
+    """Where each reply's client ran, by partition (what it said: only the known
+    :data:`HOST_KEYS`, as text, each cut short)."""
     hosts = {}
     for reply in replies:
         if HOST in reply.content.config_records:
             said = reply.content[HOST]
             hosts[str(int(reply.content[METRICS][PARTITION_ID]))] = {
-                key: str(value)[:200] for key, value in said.items() if isinstance(value, str)
+                key: said[key][:HOST_VALUE_CHARS]
+                for key in HOST_KEYS
+                if isinstance(said.get(key), str)
             }
     return dict(sorted(hosts.items(), key=lambda item: int(item[0])))
 
@@ -693,7 +717,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     if config.resume:
         checkpoint, resumed_folder = Checkpoint.load(Path(config.resume))
         hold_run_folder(resumed_folder, context.run_id)
-        checkpoint.check_compatible(config)
+        checkpoint.check_compatible(config, algorithm.resume_fixed)
+        check_state_key(checkpoint.state_key, resumed_folder)
     partitions, facts = discover_partitions(grid)
     strategy.set_partitions(partitions)
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
@@ -701,6 +726,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
+    if not algorithm.reference:  # one partitioning of the clients' data
+        strategy.split_sizes = split_sizes(key)
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None
     federated_dataset.cache_clear()  # the ServerApp needs no more of the dataset than this
     model = initial_model(info, config).to(select_device(config.device))
@@ -735,6 +762,18 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     return RunSetup(config, strategy, model, test_set, writer, arrays, first_round)
 
 
+def check_state_key(state_key: str, run_folder: Path) -> None:
+    """A run folder's clients keep their private state under its name (the state key):
+    a copy of the folder resumed under another name would share, and overwrite, the
+    original's client state, and one of the two would then start its clients afresh."""
+    if state_key != run_folder.name:
+        raise ConfigError(
+            f"resume={str(run_folder)!r}: its checkpoint belongs to the run folder "
+            f"{state_key!r} (its clients' state is kept under that name); a copy or a "
+            "renamed folder cannot be resumed: resume the original folder, or start anew"
+        )
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     try:
@@ -756,6 +795,11 @@ def run(grid: Grid, context: Context) -> None:
         message = describe_error(error)
         if writer is None:
             path = failed_before_start(context, error)
+        elif isinstance(error, KeyboardInterrupt | SystemExit):  # stopped, not failed
+            after = committed_round(writer.folder)
+            mark_stopped(writer.folder, f"the ServerApp was stopped ({message})", after)
+            log(WARNING, "run stopped after round %d: %s (resumable)", after, message)
+            raise
         else:
             writer.finish(error=message)
             path = writer.json_path

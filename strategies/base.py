@@ -46,6 +46,8 @@ from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
+    COST_COUNTS,
+    COST_SECONDS,
     DP_REFERENCE,
     GLOBAL_ARRAYS,
     GLOBAL_CORRECT,
@@ -146,6 +148,10 @@ class PersonalizedStrategy(Strategy):
         #: training reply gave them: a later reply must say the same (a partition's data
         #: is fixed for a run), so a client cannot grow its share of the average.
         self.train_weights: dict[int, dict[str, float]] = {}
+        #: Each partition's (train, test) split sizes, computed by the ServerApp from the
+        #: seeded partitioning every node repeats to find its data: a reply's first claim
+        #: is checked against them too (a first claim of 10^12 samples would dominate).
+        self.split_sizes: dict[int, tuple[int, int]] = {}
         if config.global_eval != "auto":
             if not self.has_global_model:
                 raise ConfigError(
@@ -371,6 +377,12 @@ class PersonalizedStrategy(Strategy):
             for key in keys:
                 if metrics[key] != declared.get(key):
                     return f"metric {key}={metrics[key]!r}, declared {declared.get(key)!r}"
+        known = self.split_sizes.get(partition_id)
+        if known is not None and NUM_EXAMPLES in metrics and metrics[NUM_EXAMPLES] != known[0]:
+            return (
+                f"metric {NUM_EXAMPLES}={metrics[NUM_EXAMPLES]!r}, but partition {partition_id}'s "
+                f"train split has {known[0]} samples"
+            )
         earlier = self.train_weights.get(partition_id, {})
         for key in keys:
             if key in earlier and metrics[key] != earlier[key]:
@@ -466,6 +478,9 @@ class PersonalizedStrategy(Strategy):
         for key in counted:
             if metrics[key] > total or total < 1:
                 return f"{key}={metrics[key]} of {NUM_TEST}={total}"
+        split = self.split_sizes.get(partition_id)
+        if split is not None and total != split[1]:
+            return f"{NUM_TEST}={total}, but partition {partition_id}'s test split has {split[1]}"
         known = self.test_sizes.get(partition_id)
         if known is not None and total != known:
             return (
@@ -522,16 +537,20 @@ class PersonalizedStrategy(Strategy):
 def reply_metrics_problem(
     metrics: Mapping[str, Any], partition_id: int, counts: Iterable[str]
 ) -> str:
-    """The reply must come from the partition the message was sent to, and its counts
-    must be finite numbers >= 0."""
+    """The reply must come from the partition the message was sent to, its counts must
+    be finite numbers >= 0, and so must the costs it may add (:data:`COST_SECONDS`;
+    :data:`COST_COUNTS` whole), which the server sums into the round's record."""
     if metrics.get(PARTITION_ID) != partition_id:
         return f"{PARTITION_ID}={metrics.get(PARTITION_ID)!r}, sent to partition {partition_id}"
-    for key in counts:
+    present = [key for key in (*COST_SECONDS, *COST_COUNTS) if key in metrics]
+    for key in (*counts, *present):
         value = metrics.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"metric {key}={value!r} is missing or not a number"
         if not math.isfinite(value) or value < 0:
             return f"metric {key}={value!r} is not a finite number >= 0"
+        if key in COST_COUNTS and not float(value).is_integer():
+            return f"metric {key}={value!r} is not a whole count"
     return ""
 
 

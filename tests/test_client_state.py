@@ -4,15 +4,21 @@ discards, and what it does with files a crash or a bad disk left behind."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+import pytest
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
 
-from fedreg_app.client_state import MANIFEST, VersionedState, version_name
+from fedreg_app import client_app
+from fedreg_app.client_state import MANIFEST, NO_USABLE_VERSION, VersionedState, version_name
+from fedreg_app.models import BASE, HEAD_G, initial_model
+from fedreg_app.protocol import ARRAYS, CONFIG, METRICS, SERVER_ROUND, STATE_KEY, STATE_RESETS
 from fedreg_app.records import from_record, to_record
-from tests.inprocess import results, run_server
+from tests.inprocess import over_the_wire, results, run_server
 
 
 def record(value: float) -> Any:
@@ -129,3 +135,128 @@ def _restored(folder: Path, upto: int) -> RecordDict:
     state = RecordDict()
     VersionedState(folder).restore(state, upto)
     return state
+
+
+# ------------------------------------------------------------ through the ClientApp
+def node_context(run_config: dict[str, Any], partition_id: int = 0) -> Context:
+    """A node's context as Flower hands it to the ClientApp (a fresh one per message,
+    as a deployed node's process gets)."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    return Context(run_id=1, node_id=1000 + partition_id, state=RecordDict(),
+                   run_config=dict(run_config),
+                   node_config={"partition-id": partition_id, "num-partitions": 4})  # fmt: skip
+
+
+def train_message(
+    context: Context,
+    server_round: Any,
+    records: dict[str, Any] | None = None,
+    groups: tuple[str, ...] = (BASE, HEAD_G),
+) -> Message:
+    """A train message as the server sends it (the initial model's ``groups``), over the
+    wire; ``server_round`` and any further ``records`` go in as given, crafted or not."""
+    setup = client_app.client_setup(context)
+    model = initial_model(setup.info, setup.config)
+    content = RecordDict(
+        {
+            ARRAYS: to_record(model.group_state(*groups)),
+            **(records or {}),
+            CONFIG: ConfigRecord({SERVER_ROUND: server_round, STATE_KEY: "run-1"}),
+        }
+    )
+    return over_the_wire(Message(content, message_type=MessageType.TRAIN, dst_node_id=1000))
+
+
+def node_config(dataset: Path, state_dir: Path) -> dict[str, Any]:
+    """A run whose clients keep state on disk (FedAvg's: its optimizer's momentum)."""
+    return {"algo": "fedavg", "dataset-path": str(dataset), "local-epochs": 1,
+            "min-partition-size": 5, "seed": 5, "state-dir": str(state_dir)}  # fmt: skip
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every path under ``folder`` with its bytes (None for a folder)."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(folder.rglob("*"))}  # fmt: skip
+
+
+STATE_LOGGER = "fedreg_app.client_state"
+
+
+def state_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == STATE_LOGGER]
+
+
+def trained(run_config: dict[str, Any], server_round: int, partition_id: int = 0) -> Message:
+    context = node_context(run_config, partition_id)
+    return client_app.train(train_message(context, server_round), context)
+
+
+@pytest.mark.parametrize("crafted", [0, -1, 2.9, "3", True])
+def test_a_message_whose_round_is_not_an_integer_from_1_is_refused_untouched(
+    grey_dataset: Path, tmp_path: Path, crafted: Any
+) -> None:
+    """The round names the private-state versions to keep and to write: 0 deleted every
+    saved version, -1 the newer ones, 2.9 and "3" were truncated or parsed, True was
+    round 1. Each is refused before the node's state dir is read or written."""
+    run_config = node_config(grey_dataset, tmp_path / "state")
+    for server_round in (1, 2):
+        trained(run_config, server_round)
+    before = snapshot(tmp_path / "state")
+    assert any("round-000002" in path for path in before)
+    context = node_context(run_config)
+    message = train_message(context, crafted)
+    with pytest.raises(ValueError, match=f"{SERVER_ROUND}={crafted!r}"):
+        client_app.train(message, context)
+    assert snapshot(tmp_path / "state") == before
+
+
+def test_a_state_every_version_of_which_is_newer_than_asked_counts_as_a_reset(
+    grey_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client trained rounds 1-3 (versions 2 and 3 are kept), then a server resumed
+    from round 1's checkpoint asks for round 2: the state of round 1 is gone. The client
+    starts afresh, and the reply counts it in ``state-resets``, with a warning."""
+    run_config = node_config(grey_dataset, tmp_path / "state")
+    for server_round in (1, 2, 3):
+        assert trained(run_config, server_round).content[METRICS][STATE_RESETS] == 0
+    with caplog.at_level(logging.WARNING, logger=STATE_LOGGER):
+        reply = trained(run_config, 2)
+    assert reply.content[METRICS][STATE_RESETS] == 1
+    [warning] = state_warnings(caplog)
+    assert "rounds [2, 3]" in warning and "round 1," in warning
+
+
+def test_a_state_begun_in_the_killed_round_starts_afresh_uncounted(
+    grey_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client first sampled in round 3, whose server was killed before round 3's
+    checkpoint: round 3 runs again and the client's only version (3) is newer than
+    asked, but it had no state before round 3: starting afresh is exact, not a reset.
+    The same for a version newer than a usable one."""
+    run_config = node_config(grey_dataset, tmp_path / "state")
+    trained(run_config, 3, partition_id=1)
+    assert list((tmp_path / "state").glob(f"runs/*/partition-1/{version_name(3)}"))
+    with caplog.at_level(logging.WARNING, logger=STATE_LOGGER):
+        assert trained(run_config, 3, partition_id=1).content[METRICS][STATE_RESETS] == 0
+        for server_round in (1, 2, 2):  # round 2 again: version 2 discarded, 1 restored
+            assert trained(run_config, server_round).content[METRICS][STATE_RESETS] == 0
+    assert not state_warnings(caplog)
+
+
+def test_a_version_that_does_not_say_when_its_state_began_counts_when_lost(
+    tmp_path: Path,
+) -> None:
+    """A manifest without ``since`` (written before it, or damaged): the state may have
+    existed from round 1, so losing every version is counted, never assumed away."""
+    versions = VersionedState(tmp_path)
+    versions.commit(RecordDict({"head_p": record(4.0)}), 4)
+    manifest = tmp_path / version_name(4) / MANIFEST
+    assert json.loads(manifest.read_text())["since"] == 4
+    assert versions.restore(RecordDict(), 3).reset == []  # began in round 4: exact
+    versions.commit(RecordDict({"head_p": record(4.0)}), 4)
+    document = json.loads(manifest.read_text())
+    del document["since"]
+    manifest.write_text(json.dumps(document))
+    state = RecordDict()
+    assert versions.restore(state, 3).reset == [NO_USABLE_VERSION] and not state
+    assert not list(tmp_path.iterdir())

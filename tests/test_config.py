@@ -14,7 +14,7 @@ from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ONE_LAYER_HEADS, ConfigError
 from fedreg_app.data import DatasetInfo
 from fedreg_app.models import initial_model
-from fedreg_app.registry import ALGORITHMS, declared_keys, load_config
+from fedreg_app.registry import ALGORITHMS, declared_keys, get_algorithm, load_config
 
 
 @pytest.mark.parametrize(
@@ -198,6 +198,26 @@ def test_fedrods_built_model_has_a_one_linear_head_and_fedregs_two() -> None:
     assert linears(fedrod.base) == 2  # the ConvNet's fc1 and fc2 stay in the base
     fedreg = initial_model(info, load_config({"algo": "fedreg"}), private_head=True)
     assert linears(fedreg.head_g) == 2 and linears(fedreg.head_p) == 2
+
+
+@pytest.mark.parametrize("algo", ["fedseq-vanilla", "fedseq-anti", "fedbabu", "fedbabu-deviation"])
+def test_a_resume_keeps_the_rounds_an_algorithm_lays_its_schedule_over(algo: str) -> None:
+    """FedSeq stopped at round 3 of 5 and resumed with 10 rounds unfroze its layers at
+    rounds [1, 2] then [5, 7]: two schedules in one run, recorded as the 10-round setting.
+    Such algorithms keep num-server-rounds on resume; others may still extend a run."""
+    extra = {"deviation-finetune-rounds": 1} if algo == "fedbabu-deviation" else {}
+    made_with = load_config({"algo": algo, "num-server-rounds": 5, **extra})
+    checkpoint = Checkpoint(3, {}, {}, {}, "k", made_with.to_run_config())
+    fixed = get_algorithm(algo).resume_fixed
+    assert fixed == ("num-server-rounds",)
+    checkpoint.check_compatible(made_with, fixed)
+    with pytest.raises(ConfigError, match=f"num-server-rounds=10 is not allowed.*{algo} lays"):
+        checkpoint.check_compatible(
+            load_config({"algo": algo, "num-server-rounds": 10, **extra}), fixed
+        )
+    fedavg = Checkpoint(3, {}, {}, {}, "k", load_config({"algo": "fedavg"}).to_run_config())
+    longer = load_config({"algo": "fedavg", "num-server-rounds": 10})
+    fedavg.check_compatible(longer, get_algorithm("fedavg").resume_fixed)
 
 
 def test_resuming_a_checkpoint_of_another_head_depth_is_refused() -> None:

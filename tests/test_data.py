@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +12,16 @@ import torch
 from fedreg_app.config import ConfigError
 from fedreg_app.data import (
     DECODED_CACHE_MIB,
+    ClientData,
     DecodedPartitions,
     PartitionKey,
     client_splits,
+    data_cache_folder,
     decode_client_data,
     load_client_data,
     load_info,
     load_union_test_set,
+    node_data,
 )
 from fedreg_app.registry import load_config
 from tests.fake_data import write_image_dataset
@@ -291,3 +295,26 @@ def test_the_decoded_cache_budget_changes_costs_not_results(
         runs.append([(r["global_accuracy"], r["personal_accuracy"], r["client_accuracies"])
                      for r in rounds])  # fmt: skip
     assert runs[0] == runs[1]
+
+
+def test_a_dataset_replaced_at_the_same_path_is_decoded_again(tmp_path: Path) -> None:
+    """Decoded partitions are cached in the process and on a node's disk (state-dir):
+    a dataset re-downloaded or re-converted at the same path must not leave clients on
+    the old images while the server reads the new ones."""
+    dataset, state_dir = tmp_path / "dataset", tmp_path / "state"
+    write_image_dataset(dataset, seed=0)
+
+    def as_a_client_reads(path: Path) -> list[ClientData]:
+        key = key_for(path)  # a client builds its key per message
+        return [node_data(key, 0, None)[1], node_data(key, 0, data_cache_folder(state_dir, key))[1]]
+
+    old = as_a_client_reads(dataset)
+    shutil.rmtree(dataset)
+    write_image_dataset(dataset, seed=1, n_train=280)
+    expected = decode_client_data(
+        key_for(write_image_dataset(tmp_path / "fresh", seed=1, n_train=280)), 0
+    )
+    for before, now in zip(old, as_a_client_reads(dataset), strict=True):
+        assert not torch.equal(now.train.y, before.train.y) or len(now.train) != len(before.train)
+        for got, want in ((now.train, expected.train), (now.test, expected.test)):
+            assert torch.equal(got.x, want.x) and torch.equal(got.y, want.y)

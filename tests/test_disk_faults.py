@@ -8,6 +8,7 @@ import json
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -217,6 +218,26 @@ def test_flat_checkpoint_of_the_previous_version_still_resumes(tmp_path: Path) -
     checkpoint_of(7).save(tmp_path)  # the resumed run writes the new layout
     assert sorted(p.name for p in folder.iterdir()) == ["round-000007", "state.json"]
     assert_same(Checkpoint.load(tmp_path)[0], checkpoint_of(7))
+
+
+@pytest.mark.parametrize("round_", [-1, 0, True, "3"])
+def test_a_commit_record_of_no_real_round_is_refused_in_either_layout(
+    tmp_path: Path, round_: Any
+) -> None:
+    """A state.json without `format` (the flat layout of earlier versions, which has no
+    hashes) accepted `round: -1`; a resume then "continued" after round -1."""
+    for layout in ("flat", "current"):
+        folder = tmp_path / layout
+        if layout == "flat":
+            state_json = write_flat_checkpoint(folder, checkpoint_of(6)) / "state.json"
+        else:
+            checkpoint_of(6).save(folder)
+            state_json = folder / "checkpoint" / "state.json"
+        state = json.loads(state_json.read_text())
+        state["round"] = round_
+        state_json.write_text(json.dumps(state))
+        with pytest.raises(ConfigError, match="(has no valid 'round'|does not match)"):
+            Checkpoint.load(folder)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])

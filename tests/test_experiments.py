@@ -40,6 +40,7 @@ from fedreg_app.experiments import (
     write_run_config,
 )
 from fedreg_app.launcher import kill_tree
+from fedreg_app.metrics import BEST_OF
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
 from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, mean_std
@@ -106,6 +107,39 @@ def test_a_bad_cell_fails_the_plan_before_any_run(tmp_path: Path) -> None:
         Experiment.load(typo, DECLARED)
 
 
+@pytest.mark.parametrize(
+    ("table", "problem"),
+    [
+        ("name = '../../outside'", "name='../../outside' is not allowed: expected a folder"),
+        ("name = '/abs'", "name='/abs' is not allowed"),
+        ("clients = 'many'", "clients='many' is not allowed: expected an integer >= 1"),
+        ("seeds = 2.9", "seeds=2.9 is not allowed: expected an integer >= 1"),
+        ("seeds = true", "seeds=True is not allowed"),
+        ("algos = 'fedavg'", "algos='fedavg' is not allowed: expected a list of algorithm"),
+        ("grid = { alpha = 0.5 }", "grid={'alpha': 0.5} is not allowed"),
+        ("variants = { a = 1 }", "variants={'a': 1} is not allowed: expected a table of tables"),
+        (
+            "seed = 3",
+            "'seed' is not one of its keys (name, clients, algos, seeds, grid, "
+            "variants, paper); did you mean 'seeds'?",
+        ),
+    ],
+)
+def test_a_bad_experiment_table_is_refused_naming_the_key(
+    tmp_path: Path, table: str, problem: str, capsys
+) -> None:
+    """Before: a name such as `../../x` put runs outside `--out` (where its lock does not
+    reach), `seeds = 2.9` ran 2 seeds, `algos = 'fedavg'` was split into letters, and a
+    string where a number belongs ended in a traceback. Now: exit 2, naming the key."""
+    config = write(tmp_path / "bad.toml", f"[experiment]\n{table}\n")
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        Experiment.load(config, DECLARED)
+    with pytest.raises(SystemExit) as exited:
+        main([str(config), "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert problem in capsys.readouterr().err and not (tmp_path / "outside").exists()
+
+
 def test_written_run_config_is_flat_toml(tmp_path: Path) -> None:
     values = {"algo": "fedreg", "alpha": 0.5, "seed": 3, "fedreg-rebalance": False}
     path = write_run_config({**values, "results-dir": "/tmp/x y"}, tmp_path)
@@ -126,8 +160,11 @@ def test_parse_overrides() -> None:
 def fake_result(spec: RunSpec, status: str, g: float, p: float) -> None:
     run = spec.folder / f"run-{status}"
     run.mkdir(parents=True)
-    document = {"config": spec.setting, "run": {"status": status}, "rounds": [{}, {}],
-                "best_global_accuracy": g, "best_personal_accuracy": p}  # fmt: skip
+    rounds = [{"round": k, "global_accuracy": g, "personal_accuracy": p,
+               "train_seconds": 1.0, "eval_seconds": 1.0} for k in (1, 2)]  # fmt: skip
+    document = {"config": spec.setting, "run": {"status": status, "num_clients": 7},
+                "rounds": rounds, "best_global_accuracy": g,
+                "best_personal_accuracy": p}  # fmt: skip
     (run / "results.json").write_text(json.dumps(document))
 
 
@@ -202,6 +239,9 @@ def results_document(
          "personal_coverage": {"clients": 2 if partial else 3, "of_clients": 3,
                                "test_samples": 20 if partial else 30, "of_test_samples": 30}},
     ]  # fmt: skip
+    for best, field in BEST_OF.items():  # the rounds bear the best figures out
+        if best in summary and rounds:
+            rounds[0][field] = summary[best]
     return {
         "config": config or {"algo": "fedreg", "dataset": "zalando-datasets/fashion_mnist",
                              "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1,
@@ -478,6 +518,7 @@ def interrupted_run(
     folder.mkdir(parents=True)
     document = results_document("completed", spec.setting)
     document["run"]["status"] = status
+    document["rounds"] = [{**document["rounds"][0], "round": k} for k in range(1, at_round + 1)]
     (folder / "results.json").write_text(json.dumps(document))
     config = load_config({**DECLARED, **spec.run_config})
     Checkpoint(
@@ -535,6 +576,42 @@ def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path
     changed = {**killed.run_config, "local-epochs": 7}
     attempt = decide(RunSpec(**{**killed.__dict__, "run_config": changed}), DECLARED)
     assert attempt.resume is None and "local-epochs" in attempt.note
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda d: d["rounds"].pop(), "it holds 1 rounds, fewer than the checkpoint's"),
+        (lambda d: d["rounds"][0].update(global_accuracy=1.7), "round 1: global_accuracy is 1.7"),
+        (lambda d: d.pop("rounds"), "rounds is not a list"),
+    ],
+)
+def test_a_results_file_that_cannot_give_a_resume_its_rounds_is_damaged(
+    tmp_path: Path, damage, problem: str
+) -> None:
+    """The rounds before the checkpoint are kept from results.json: a hole there used to
+    finish as `completed` with a round missing, a G of 1.7 was printed as 170.00, a file
+    with no rounds failed every attempt anew. Now such a folder is named as damaged."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    folder = interrupted_run(spec, "running", at_round=2)
+    document = json.loads((folder / "results.json").read_text())
+    damage(document)
+    (folder / "results.json").write_text(json.dumps(document))
+    attempt = decide(spec, DECLARED)
+    assert attempt.resume is None and f"cannot resume {folder}: results.json: {problem}" in \
+        attempt.problem  # fmt: skip
+
+
+def test_a_results_file_of_no_run_at_all_is_not_finished_and_does_not_crash(
+    tmp_path: Path,
+) -> None:
+    """`[]` or `{"run": "completed"}` in a seed folder crashed the runner (AttributeError)."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    for index, text in enumerate(("[]", '{"run": "completed"}')):
+        (spec.folder / f"run{index}").mkdir(parents=True)
+        (spec.folder / f"run{index}" / "results.json").write_text(text)
+    assert spec.finished_results() is None
+    assert "invalid" in spec.failure() and spec.other_setting() is None
 
 
 def test_a_run_killed_after_its_last_checkpoint_is_resumed_not_restarted(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ checkpoint and resume, sampling when devices drop out."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,19 @@ from fedreg_app import data as data_module
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
+from fedreg_app.experiments import RUNNER_LOCK, exclusive_out
 from fedreg_app.metrics import ResultsWriter, RoundRecord, mark_stopped
 from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import load_arrays, save_arrays
+from fedreg_app.persist import (
+    RUN_FOLDER_LOCK,
+    FolderInUseError,
+    UnsafeLockError,
+    folder_holder,
+    hold_folder,
+    load_arrays,
+    release_folder,
+    save_arrays,
+)
 from fedreg_app.registry import load_config
 from strategies.fedavg import FedAvgStrategy
 from strategies.feddyn import FedDynStrategy
@@ -210,3 +221,46 @@ def test_node_settings_from_the_node_config() -> None:
         NodeSettings.from_context(Context(1, 1, {**node, "partition-id": 30}, RecordDict(), {}))
     with pytest.raises(ConfigError, match="node config lacks 'num-partitions'"):
         NodeSettings.from_context(Context(1, 1, {"partition-id": 0}, RecordDict(), {}))
+
+
+def hold_through(lock_name: str, folder: Path) -> None:
+    """Hold ``folder`` as its owner does: a ServerApp its run folder, a runner its --out."""
+    if lock_name == RUNNER_LOCK:
+        with exclusive_out(folder):
+            pass
+    else:
+        release_folder(hold_folder(folder, lock_name, "a ServerApp (PID 1, run 1)"))
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
+    """A FIFO planted as the lock: neither the holder nor the probe hangs opening it."""
+    os.mkfifo(tmp_path / RUN_FOLDER_LOCK)
+    with pytest.raises(UnsafeLockError, match="not a regular file"):
+        hold_folder(tmp_path, RUN_FOLDER_LOCK, "a ServerApp (PID 1, run 1)")
+    assert folder_holder(tmp_path, RUN_FOLDER_LOCK) is None
+
+
+@pytest.mark.parametrize("lock_name", [RUN_FOLDER_LOCK, RUNNER_LOCK])
+def test_a_lock_file_planted_as_a_symlink_is_refused_and_its_target_untouched(
+    tmp_path: Path, lock_name: str
+) -> None:
+    """Holding a folder writes the holder's name into its lock file: through a symlink
+    planted there, it overwrote (and on release emptied) the file linked to, or created
+    the file a dangling link names."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / lock_name).symlink_to(victim)
+    with pytest.raises(FolderInUseError, match=f"{folder / lock_name} is a symlink"):
+        hold_through(lock_name, folder)  # (the runner says it as it says a busy --out)
+    assert victim.read_text() == "precious data\n"
+    assert folder_holder(folder, lock_name) is None  # the probe does not follow it either
+    (folder / lock_name).unlink()
+    (folder / lock_name).symlink_to(tmp_path / "absent.txt")
+    with pytest.raises(FolderInUseError, match="is a symlink"):
+        hold_through(lock_name, folder)
+    assert not (tmp_path / "absent.txt").exists()
+    (folder / lock_name).unlink()
+    hold_through(lock_name, folder)  # a plain lock file: held and released as before
+    assert (folder / lock_name).read_text() == ""

@@ -6,13 +6,18 @@ accountant, and bad settings refused before any work."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from flwr.app import Message
 
+from fedreg_app import client_app
 from fedreg_app.config import ConfigError
+from fedreg_app.data import PartitionKey, load_info
+from fedreg_app.models import BASE, HEAD_G, initial_model
 from fedreg_app.privacy import (
     central_epsilon,
     central_release,
@@ -22,9 +27,11 @@ from fedreg_app.privacy import (
     privatise_locally,
     update_norm,
 )
-from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
+from fedreg_app.protocol import ARRAYS, DP_REFERENCE, EFFECTIVE_EXAMPLES, METRICS, NUM_EXAMPLES
+from fedreg_app.records import to_record
 from fedreg_app.registry import get_algorithm, load_config
 from tests.inprocess import results, run_server
+from tests.test_client_state import node_context, train_message
 
 pytest.importorskip("dp_accounting")
 
@@ -279,6 +286,52 @@ def test_a_killed_and_resumed_private_run_equals_an_uninterrupted_one(
     ours, theirs = Checkpoint.load(folder)[0].model, Checkpoint.load(whole)[0].model
     for name, value in theirs.items():
         np.testing.assert_array_equal(ours[name], value)
+
+
+def dp_reference_reply(dataset: Path, reference: dict[str, np.ndarray]) -> Message:
+    """A FedPer client under local DP sent the base, and ``reference`` as the rest of its
+    update's reference (what ``dp-reference`` carries)."""
+    run_config = {"algo": "fedper", "dataset-path": str(dataset), "local-epochs": 1,
+                  "min-partition-size": 5, **private(**{"dp-mode": "local"})}  # fmt: skip
+    context = node_context(run_config)
+    message = train_message(context, 1, {DP_REFERENCE: to_record(reference)}, groups=(BASE,))
+    return client_app.train(message, context)
+
+
+def initial_head(dataset: Path) -> dict[str, np.ndarray]:
+    config = load_config({"algo": "fedper", "dataset-path": str(dataset)})
+    return initial_model(load_info(PartitionKey.from_config(config, 4)), config).group_state(HEAD_G)
+
+
+@pytest.mark.parametrize(
+    ("crafted", "error"),
+    [
+        (lambda head, key: {**head, key: np.zeros((), np.float32)}, r"got float32\[1\], expected"),
+        (lambda head, key: {**head, key: np.full_like(head[key], np.nan)}, "NaN"),
+        (lambda head, key: {**head, "base.0.bias": np.zeros(1, np.float32)}, "sent arrays"),
+        (lambda head, key: {**head, "head_g.extra": np.zeros(1, np.float32)}, "not an entry"),
+    ],
+    ids=["scalar", "nan", "a-sent-key", "no-model-entry"],
+)
+def test_a_crafted_local_dp_reference_is_refused_naming_the_key(
+    grey_dataset: Path, crafted: Callable, error: str
+) -> None:
+    """The reference an update is clipped around comes off the wire: each entry is
+    checked as the global model is (shape, dtype, finite) and must be a model entry the
+    server did not send; else a scalar would broadcast over a layer, or the released
+    update be moved where the server wants it."""
+    head = initial_head(grey_dataset)
+    key = sorted(head)[-1]
+    reference = crafted(head, key)
+    [named] = sorted(set(reference) - set(head)) or [key]
+    with pytest.raises(ValueError, match=error) as refused:
+        dp_reference_reply(grey_dataset, reference)
+    assert named in str(refused.value)
+
+
+def test_the_honest_local_dp_reference_is_taken(grey_dataset: Path) -> None:
+    reply = dp_reference_reply(grey_dataset, initial_head(grey_dataset))
+    assert ARRAYS in reply.content and reply.content[METRICS][NUM_EXAMPLES] > 0
 
 
 def test_with_equal_weights_the_release_is_flowers_fixed_clipping_average() -> None:

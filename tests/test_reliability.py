@@ -5,6 +5,7 @@ state keys. Each test injects the fault and checks what the run says and keeps."
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,25 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app
+from fedreg_app.config import ConfigError
 from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import RUN_FOLDER_LOCK, FolderInUseError, load_arrays
-from fedreg_app.protocol import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, NUM_TEST, PARTITION_ID
+from fedreg_app.protocol import (
+    ARRAYS,
+    COMPUTE_SECONDS,
+    CONFIG,
+    EFFECTIVE_EXAMPLES,
+    HANDLER_SECONDS,
+    HOST,
+    HOST_KEYS,
+    METRICS,
+    NUM_EXAMPLES,
+    NUM_TEST,
+    NUM_TRAINED_PARAMS,
+    PARTITION_ID,
+    STATE_RESETS,
+)
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import load_config
 from fedreg_app.training import EVAL_BATCH_ENV
@@ -176,7 +192,27 @@ def _infinite_weight(arrays, metrics):
     metrics[NUM_EXAMPLES] = float("inf")
 
 
+def _cost_list(arrays, metrics):
+    metrics[COMPUTE_SECONDS] = [1.0, 2.0, 3.0]  # a MetricRecord takes lists of numbers
+
+
+def _cost_nan(arrays, metrics):
+    metrics[HANDLER_SECONDS] = float("nan")
+
+
+def _fractional_count(arrays, metrics):
+    metrics[NUM_TRAINED_PARAMS] = 2.5
+
+
+def _inflated_first_claim(arrays, metrics):
+    metrics[NUM_EXAMPLES] = 10**12  # its first reply: nothing said before to compare with
+
+
 CRAFTED = {
+    "inflated first claim": (_inflated_first_claim, "num-examples=1000000000000, but partition"),
+    "cost list": (_cost_list, "compute-seconds=[1.0, 2.0, 3.0] is missing or not a number"),
+    "cost nan": (_cost_nan, "handler-seconds=nan is not a finite number"),
+    "fractional count": (_fractional_count, "num-trained-params=2.5 is not a whole count"),
     "nan": (_nan, "NaN or infinite"),
     "shape": (_shape, "is float32[7], expected float32["),
     "extra key": (_extra_key, "unexpected ['head_p.0.weight']"),
@@ -231,8 +267,93 @@ def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_pat
     assert 0 <= record["personal_accuracy_answered"] <= 1
 
 
+def test_an_evaluation_reply_with_a_cost_that_would_end_the_run_is_dropped(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """`int(inf)` of a reply's state-resets used to raise after the reply was accepted
+    and end the run `failed`; now the reply is dropped and the run goes on."""
+
+    def infinite_resets(msg: Message, reply: Message | None) -> Message:
+        metrics = {**dict(reply.content[METRICS]), STATE_RESETS: float("inf")}
+        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    run_server({**base, "num-server-rounds": 2}, faults={(EVALUATE, 1, 3): infinite_resets})
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "degraded" and len(document["rounds"]) == 2
+    record = document["rounds"][0]
+    assert record["eval_failures"] == 1 and "state-resets=inf" in record["errors"][0]["error"]
+
+
+def test_a_reply_flooding_its_host_record_leaves_only_the_known_keys(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """2,000 host keys of 5 kB each made results.json 10 MB, rewritten every round: only
+    the known keys are kept, each cut to 200 characters."""
+
+    def flood(msg: Message, reply: Message | None) -> Message:
+        said = {key: "x" * 5000 for key in (*HOST_KEYS, *(f"k{i}" for i in range(2000)))}
+        content = RecordDict({ARRAYS: reply.content[ARRAYS], METRICS: reply.content[METRICS],
+                              HOST: ConfigRecord(said)})  # fmt: skip
+        return Message(content, reply_to=msg)
+
+    victim = first_sampled(base)
+    run_server({**base, "num-server-rounds": 1}, faults={(TRAIN, 1, victim): flood})
+    hosts = results(tmp_path / "results")["rounds"][0]["client_hosts"]
+    assert set(hosts[str(victim)]) == set(HOST_KEYS)
+    assert all(value == "x" * 200 for value in hosts[str(victim)].values())
+    size = next((tmp_path / "results").glob("*/results.json")).stat().st_size
+    assert size < 100_000
+
+
+def test_finite_replies_whose_aggregate_overflows_stop_the_run_before_a_checkpoint(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """FedDyn's `mean - h / alpha` over replies of 3e38 (each a finite float32) overflowed
+    to inf and was sent to every client, which refused it. Now the run stops in that round
+    with the reason, and its last checkpoint is the honest round before."""
+
+    def huge(arrays, metrics):
+        for value in arrays.values():
+            value[...] = 3.0e38
+
+    faults = {(TRAIN, 2, pid): craft(huge) for pid in range(4)}
+    config = {**base, "algo": "feddyn", "num-server-rounds": 3}
+    _, stopped = run_server(config, faults=faults)
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "failed", document["run"]
+    assert "round 2: the new global model aggregated from 2 checked replies holds NaN or " \
+           "infinite values" in document["run"]["error"]  # fmt: skip
+    assert [r["round"] for r in document["rounds"]] == [1]
+    model = final_model(tmp_path / "results")
+    assert model and all(np.isfinite(v).all() and np.abs(v).max() < 1e3 for v in model.values())
+
+
+def test_a_first_evaluation_reply_claiming_a_huge_test_split_is_not_counted(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """Round 1, partition 3's first reply: 10^12 tested, 10^12 correct. Checked only
+    against its own earlier claims, it made the run's G and P 0.99999999993 (honest:
+    about 0.1). The server computes every partition's split sizes from the seeded
+    partitioning the nodes repeat, so a first claim is checked too."""
+
+    def huge(msg: Message, reply: Message | None) -> Message:
+        metrics = dict(reply.content[METRICS])
+        for key in (NUM_TEST, "personal-correct", "global-correct"):
+            metrics[key] = 10**12
+        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+
+    run_server({**base, "num-server-rounds": 1}, faults={(EVALUATE, 1, 3): huge})
+    record = results(tmp_path / "results")["rounds"][0]
+    assert record["eval_failures"] == 1
+    assert "num-test=1000000000000, but partition 3's test split has" in \
+        record["errors"][0]["error"]  # fmt: skip
+    assert record["personal_accuracy"] is None and record["personal_accuracy_answered"] < 0.9
+
+
 def _grown_weight(arrays, metrics):
-    metrics[NUM_EXAMPLES] = metrics[NUM_EXAMPLES] * 100
+    # FedReG's global-head weight e_k: the server cannot compute it (the client's
+    # rebalanced set), so only the partition's own earlier claim can check it
+    metrics[EFFECTIVE_EXAMPLES] = metrics[EFFECTIVE_EXAMPLES] * 100
 
 
 def test_a_client_that_grows_its_weight_after_an_honest_round_is_dropped_even_across_a_resume(
@@ -270,7 +391,7 @@ def _fractional_count(metrics):
 
 @pytest.mark.parametrize(
     ("change", "reason", "in_round"),
-    [(_test_size_changed, "a partition's test split is fixed", 2),
+    [(_test_size_changed, "'s test split has", 2),
      (_fractional_count, "is not a whole count", 1)],
 )  # fmt: skip
 def test_an_evaluation_reply_that_changes_its_test_size_or_counts_fractions_is_not_counted(
@@ -369,6 +490,91 @@ def test_a_run_folder_another_serverapp_still_writes_is_not_resumed(
     assert stopped is None
     assert results(tmp_path / "results")["run"]["status"] == "completed"
     assert (folder / RUN_FOLDER_LOCK).read_text() == ""  # released at the end
+
+
+def results_of(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "results.json").read_text())
+
+
+def killed_in_round_2(config: dict[str, Any], tmp_path: Path) -> Path:
+    """A FedReG run (clients keep state) killed in round 2: its run folder."""
+    _, stopped = run_server(config, kill_after=(TRAIN, 2, 1))
+    assert isinstance(stopped, ServerKilled)
+    [folder] = [p.parent for p in (tmp_path / "results").glob("*/results.json")]
+    return folder
+
+
+def test_a_copy_of_a_run_folder_is_not_resumed_under_its_new_name(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """A copied run folder resumed under its new name wrote its clients' state under the
+    original's key; the original, resumed next, found its clients' state a round ahead,
+    started them afresh and still said `completed`. The copy's resume is refused (naming
+    the folder its checkpoint belongs to) before it touches the state; the original then
+    resumes to the uninterrupted run's figures."""
+    config = {**base, "state-dir": str(tmp_path / "state")}
+    folder = killed_in_round_2(config, tmp_path)
+    copy = folder.with_name(folder.name + "-copy")
+    shutil.copytree(folder, copy)
+    state_before = sorted(str(p) for p in (tmp_path / "state").rglob("*"))
+    _, stopped = run_server({**config, "resume": str(copy)}, run_id=2)
+    assert isinstance(stopped, ConfigError) and f"belongs to the run folder {folder.name!r}" \
+        in str(stopped)  # fmt: skip
+    assert sorted(str(p) for p in (tmp_path / "state").rglob("*")) == state_before
+    _, stopped = run_server({**config, "resume": str(folder)}, run_id=3)
+    assert stopped is None
+    whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
+    run_server(whole)
+    assert per_round(results_of(folder)) == per_round(results(tmp_path / "whole"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda rounds: rounds.pop(0), "it holds 0 rounds, fewer than the checkpoint's"),
+        (lambda rounds: rounds[0].update(global_accuracy=1.7), "round 1: global_accuracy is 1.7"),
+        (lambda rounds: rounds[0].update(newer_key=1), "keys this version does not know"),
+    ],
+)
+def test_a_resume_does_not_carry_damaged_rounds_into_the_finished_record(
+    base: dict[str, Any], tmp_path: Path, damage, problem: str
+) -> None:
+    """The rounds before the checkpoint are kept from results.json: a hole there ended as
+    a `completed` run with rounds [2, 3] only, an accuracy of 1.7 became its best G. Now
+    the resume is refused before it writes, the folder untouched."""
+    config = {**base, "state-dir": str(tmp_path / "state")}
+    folder = killed_in_round_2(config, tmp_path)
+    document = results_of(folder)
+    damage(document["rounds"])
+    (folder / "results.json").write_text(json.dumps(document))
+    before = (folder / "results.json").read_bytes()
+    resumed = {**config, "resume": str(folder), "results-dir": str(tmp_path / "second")}
+    _, stopped = run_server(resumed, run_id=2)
+    assert stopped is not None and problem in str(stopped)
+    assert (folder / "results.json").read_bytes() == before
+    failed = results(tmp_path / "second")["run"]
+    assert failed["status"] == "failed" and problem in failed["error"]
+
+
+@pytest.mark.parametrize("signal_exit", [SystemExit(0), KeyboardInterrupt()])
+def test_a_serverapp_stopped_by_a_signal_says_stopped_and_resumes(
+    base: dict[str, Any], tmp_path: Path, signal_exit: BaseException
+) -> None:
+    """In a deployment Flower turns SIGTERM into `sys.exit(0)` inside the ServerApp: the
+    run read `failed` (`SystemExit: 0`), which the runner restarts from round 1. Now it
+    reads `stopped` after its last checkpoint, and its resume ends as the whole run."""
+    config = {**base, "state-dir": str(tmp_path / "state")}
+
+    def stop(msg: Message, reply: Message | None) -> Message:
+        raise signal_exit
+
+    _, stopped = run_server(config, faults={(TRAIN, 2, pid): stop for pid in range(4)})
+    assert stopped is signal_exit
+    [folder] = [p.parent for p in (tmp_path / "results").glob("*/results.json")]
+    run = results_of(folder)["run"]
+    assert run["status"] == "stopped" and run["stopped"]["after_round"] == 1, run
+    _, stopped = run_server({**config, "resume": str(folder)}, run_id=3)
+    assert stopped is None and results_of(folder)["run"]["status"] == "completed"
 
 
 def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, of_round: int) -> None:
