@@ -35,11 +35,12 @@ from typing import Any
 
 import numpy as np
 
-from fedreg_app.config import PLACE_KEYS, ConfigError, RunConfig
+from fedreg_app.config import PLACE_KEYS, ConfigError, RunConfig, is_count
 from fedreg_app.persist import (
     READ_ERRORS,
     file_sha256,
     fsync_folder,
+    json_text,
     load_checked_arrays,
     save_json,
     write_atomic,
@@ -182,7 +183,7 @@ def _write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> dict[str, Any]:
 def _body_hash(body: Mapping[str, Any]) -> str:
     """Hash of ``state.json``'s content, independent of its formatting. Taken of the
     content as read back (integer dict keys become strings), so saving and loading agree."""
-    as_read = json.loads(json.dumps(body))
+    as_read = json.loads(json_text(body))  # as save_json writes it (non-finite as null)
     return hashlib.sha256(json.dumps(as_read, sort_keys=True).encode()).hexdigest()
 
 
@@ -239,7 +240,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
 
 def _field(state: Mapping[str, Any], key: str, kind: type, path: Path) -> Any:
     value = state.get(key)
-    if kind is int and isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+    if kind is int and is_count(value):
         return value  # the only int field is the round: a checkpoint is of round 1 or later
     if kind is not int and isinstance(value, kind):
         return value

@@ -21,7 +21,7 @@ from flwr.common import log
 
 from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_state import VersionedState
-from fedreg_app.config import ConfigError, RunConfig, check_dataset_path
+from fedreg_app.config import ConfigError, RunConfig, check_dataset_path, is_count
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
 from fedreg_app.models import checked_value, initial_model
 from fedreg_app.privacy import privatise_locally
@@ -193,7 +193,7 @@ def server_round_of(msg: Message) -> int:
     the node's saved versions, and a float or string would be truncated or parsed."""
     config = msg.content[CONFIG] if CONFIG in msg.content.config_records else {}
     value = config.get(SERVER_ROUND)
-    if type(value) is not int or value < 1:
+    if not is_count(value):
         raise ValueError(
             f"{SERVER_ROUND}={value!r} from the server is not allowed: expected an integer >= 1"
         )

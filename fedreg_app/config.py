@@ -360,6 +360,11 @@ PLACE_KEYS = frozenset(
 )  # fmt: skip
 
 
+def is_count(value: Any) -> bool:
+    """An integer >= 1 (not a bool, which Python counts as an int): rounds, seeds, clients."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def setting_differences(
     ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Iterable[str] = ()
 ) -> list[str]:

@@ -45,7 +45,6 @@ import itertools
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -60,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
-from fedreg_app.config import ConfigError, setting_differences
+from fedreg_app.config import ConfigError, is_count, setting_differences
 from fedreg_app.launcher import LocalSuperLink, toml_value
 from fedreg_app.metrics import FAILED, first_line, kept_rounds_problem, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
@@ -73,14 +72,15 @@ from fedreg_app.persist import (
     release_folder,
     save_json,
 )
+from fedreg_app.protocol import STATE_KEY_PATTERN
 from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.reports import (
     DEGRADED,
     FINISHED,
+    INVALID,
     PAPER_TABLE,
     RUNNING,
     PaperCells,
-    document_problem,
     footnotes,
     marked,
     mean_std,
@@ -104,12 +104,9 @@ RUNNER_LOCK = ".fedreg-experiment.lock"
 
 #: The keys of a config file's ``[experiment]`` table.
 EXPERIMENT_KEYS = ("name", "clients", "algos", "seeds", "grid", "variants", PAPER_TABLE)
-#: A name that becomes a folder under ``--out``: no separator, no ``..``, no hidden name.
-FOLDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+#: A name that becomes a folder under ``--out``: no separator, no ``..``, no hidden name
+#: (the rule a state key follows).
+FOLDER_NAME = STATE_KEY_PATTERN
 
 
 def experiment_table_problem(meta: Any) -> str | None:
@@ -127,7 +124,7 @@ def experiment_table_problem(meta: Any) -> str | None:
     if name is not None and not (isinstance(name, str) and FOLDER_NAME.fullmatch(name)):
         return f"name={name!r} is not allowed: expected a folder name (letters, digits, ._-)"
     for key in ("clients", "seeds"):
-        if key in meta and not _count(meta[key]):
+        if key in meta and not is_count(meta[key]):
             return f"{key}={meta[key]!r} is not allowed: expected an integer >= 1"
     algos = meta.get("algos")
     if algos is not None and not (
@@ -183,8 +180,6 @@ class Experiment:
             variants={str(k): dict(v) for k, v in meta.get("variants", {}).items()},
             paper=None if paper is None else PaperCells.from_table(name, paper, str(path)),
         )
-        if experiment.clients < 1 or experiment.seeds < 1:
-            raise ConfigError(f"{path}: [experiment] clients and seeds must be >= 1")
         return experiment
 
     def cells(self) -> list[dict[str, Any]]:
@@ -417,9 +412,9 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         document = json.loads((folder / "results.json").read_text())
     except (OSError, ValueError) as err:
         return _damaged(folder, f"results.json is unreadable ({err})", restart_damaged)
-    problem = document_problem(document)
-    if problem:
-        return _damaged(folder, f"results.json: {problem}", restart_damaged)
+    checked = read_document(folder / "results.json", spec.seed)  # as the report reads it
+    if run_status(checked) == INVALID:
+        return _damaged(folder, checked["run"]["error"], restart_damaged)
     status = run_status(document)
     if status in FINISHED:
         return Attempt()
@@ -433,6 +428,9 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     problem = kept_rounds_problem(document, checkpoint.round)
     if problem:
         return _damaged(folder, f"results.json: {problem}", restart_damaged)
+    if spec.keeps_state and checkpoint.state_key != folder.name:  # as the ServerApp refuses
+        problem = f"its checkpoint belongs to the run folder {checkpoint.state_key!r} (a copy)"
+        return _damaged(folder, problem, restart_damaged)
     try:
         config = load_config({**declared, **spec.run_config, "resume": str(folder)})
         checkpoint.check_compatible(config, get_algorithm(config.algo).resume_fixed)

@@ -321,8 +321,9 @@ def kept_rounds_problem(document: Any, after_round: int) -> str | None:
 
 def mark_stopped(folder: Path, reason: str, checkpoint_round: int) -> bool:
     """Rewrite a run folder's results.json to say the runner stopped it: status
-    ``stopped``, why, and the round a resume continues after. Called once the ServerApp is
-    gone, so nothing else writes the file. The rounds are kept; an error the ServerApp
+    ``stopped``, why, and the round a resume continues after. Called once nothing else
+    writes the file: by the runner once the ServerApp is gone, or by the ServerApp itself
+    on its way out of a stop. The rounds are kept; an error the ServerApp
     wrote on its way out (it was stopped mid-round) is kept as ``stopped.server_error``.
     False, and nothing written, if there is no readable results.json or the run had
     finished (``completed`` / ``degraded``) before the stop."""

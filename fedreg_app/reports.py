@@ -63,7 +63,6 @@ from fedreg_app.metrics import (  # noqa: E402
     BEST_OF,
     COMPLETED,
     DEGRADED,
-    FAILED,
     RUNNING,
     STOPPED,
     is_real,
@@ -317,8 +316,9 @@ def read_document(path: Path, seed: int | None = None) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         return {"run": {"status": "unreadable", "error": f"{path.name}: {err}"}}
     problem = document_problem(document)
-    recorded = document.get("config", {}).get("seed") if not problem else seed
-    if seed is not None and recorded != seed and run_status(document) != FAILED:
+    readable = not problem and run_status(document) in (*FINISHED, *UNFINISHED)
+    recorded = document["config"].get("seed") if readable else seed
+    if seed is not None and recorded != seed:
         problem = f"config.seed is {recorded!r} but the file lies in seed{seed}"
     if problem:
         return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}

@@ -126,7 +126,9 @@ def query_weights(
         if reply.has_error() or pid is None or METRICS not in reply.content.metric_records:
             continue
         metrics = reply.content[METRICS]
-        if reply_metrics_problem(metrics, pid, needed) == "":
+        if not reply_metrics_problem(metrics, pid, needed) and not strategy.weights_problem(
+            pid, metrics
+        ):
             weights[pid] = {key: float(metrics[key]) for key in needed}
     missing = sorted(set(range(partitions.num_partitions)) - set(weights))
     if missing:
@@ -718,16 +720,17 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         checkpoint, resumed_folder = Checkpoint.load(Path(config.resume))
         hold_run_folder(resumed_folder, context.run_id)
         checkpoint.check_compatible(config, algorithm.resume_fixed)
-        check_state_key(checkpoint.state_key, resumed_folder)
+        if algorithm.client.keeps_state(config):
+            check_state_key(checkpoint.state_key, resumed_folder)
     partitions, facts = discover_partitions(grid)
     strategy.set_partitions(partitions)
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
-    if config.dp_mode == "central":
-        strategy.set_population_weights(query_weights(grid, partitions, strategy))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
     if not algorithm.reference:  # one partitioning of the clients' data
         strategy.split_sizes = split_sizes(key)
+    if config.dp_mode == "central":  # after split_sizes: the declarations are checked
+        strategy.set_population_weights(query_weights(grid, partitions, strategy))
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None
     federated_dataset.cache_clear()  # the ServerApp needs no more of the dataset than this
     model = initial_model(info, config).to(select_device(config.device))

@@ -377,12 +377,9 @@ class PersonalizedStrategy(Strategy):
             for key in keys:
                 if metrics[key] != declared.get(key):
                     return f"metric {key}={metrics[key]!r}, declared {declared.get(key)!r}"
-        known = self.split_sizes.get(partition_id)
-        if known is not None and NUM_EXAMPLES in metrics and metrics[NUM_EXAMPLES] != known[0]:
-            return (
-                f"metric {NUM_EXAMPLES}={metrics[NUM_EXAMPLES]!r}, but partition {partition_id}'s "
-                f"train split has {known[0]} samples"
-            )
+        problem = self.weights_problem(partition_id, metrics)
+        if problem:
+            return problem
         earlier = self.train_weights.get(partition_id, {})
         for key in keys:
             if key in earlier and metrics[key] != earlier[key]:
@@ -397,6 +394,23 @@ class PersonalizedStrategy(Strategy):
                 {key: float(metrics[key]) for key in keys}
             )
         return problem
+
+    def weights_problem(self, partition_id: int, metrics: Mapping[str, Any]) -> str:
+        """A partition's aggregation weights against its train split, which the server
+        knows (``split_sizes``): |D_k| exactly, and any other weight (FedReG's
+        e_k = sum_c min(n_c, t)) at most |D_k|. "" when they hold or the split is unknown."""
+        known = self.split_sizes.get(partition_id)
+        if known is None:
+            return ""
+        for key in sorted(set(self.group_weights.values())):
+            value = metrics[key]
+            if key == NUM_EXAMPLES and value != known[0]:
+                return (f"metric {key}={value!r}, but partition {partition_id}'s train split "
+                        f"has {known[0]} samples")  # fmt: skip
+            if value > known[0]:
+                return (f"metric {key}={value!r} is above partition {partition_id}'s train "
+                        f"split ({known[0]} samples)")  # fmt: skip
+        return ""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

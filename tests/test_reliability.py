@@ -208,8 +208,16 @@ def _inflated_first_claim(arrays, metrics):
     metrics[NUM_EXAMPLES] = 10**12  # its first reply: nothing said before to compare with
 
 
+def _inflated_first_head_weight(arrays, metrics):
+    metrics[EFFECTIVE_EXAMPLES] = 10**12  # e_k = sum_c min(n_c, t) <= |D_k|
+
+
 CRAFTED = {
     "inflated first claim": (_inflated_first_claim, "num-examples=1000000000000, but partition"),
+    "inflated first e_k": (
+        _inflated_first_head_weight,
+        "effective-examples=1000000000000 is above",
+    ),
     "cost list": (_cost_list, "compute-seconds=[1.0, 2.0, 3.0] is missing or not a number"),
     "cost nan": (_cost_nan, "handler-seconds=nan is not a finite number"),
     "fractional count": (_fractional_count, "num-trained-params=2.5 is not a whole count"),
@@ -351,16 +359,16 @@ def test_a_first_evaluation_reply_claiming_a_huge_test_split_is_not_counted(
 
 
 def _grown_weight(arrays, metrics):
-    # FedReG's global-head weight e_k: the server cannot compute it (the client's
-    # rebalanced set), so only the partition's own earlier claim can check it
-    metrics[EFFECTIVE_EXAMPLES] = metrics[EFFECTIVE_EXAMPLES] * 100
+    # FedReG's global-head weight e_k, grown but still under |D_k|: the server bounds it by
+    # the train split it knows, so only the partition's own earlier claim can tell
+    metrics[EFFECTIVE_EXAMPLES] = metrics[EFFECTIVE_EXAMPLES] + 10
 
 
 def test_a_client_that_grows_its_weight_after_an_honest_round_is_dropped_even_across_a_resume(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
     """Every client trains every round. Partition 0 answers honestly in round 1, then
-    claims 100 times its samples in round 2 (to dominate the average), after the server
+    claims a larger head weight in round 2 (to weigh more in the average), after the server
     was killed and resumed between the rounds: the claim is checked against what the
     partition said before (kept in the checkpoint), dropped, and the round's model is
     bit-identical to a run in which that client simply failed in round 2."""
