@@ -482,12 +482,11 @@ class PersonalizedStrategy(Strategy):
             return "reply lacks its metrics"
         metrics = msg.content[METRICS]
         counted = [PERSONAL_CORRECT, *([GLOBAL_CORRECT] if self.global_on_clients else [])]
-        problem = reply_metrics_problem(metrics, partition_id, (NUM_TEST, *counted))
+        problem = reply_metrics_problem(
+            metrics, partition_id, (NUM_TEST, *counted), whole=(NUM_TEST, *counted)
+        )
         if problem:
             return problem
-        for key in (NUM_TEST, *counted):
-            if not float(metrics[key]).is_integer():
-                return f"metric {key}={metrics[key]!r} is not a whole count"
         total = metrics[NUM_TEST]
         for key in counted:
             if metrics[key] > total or total < 1:
@@ -549,21 +548,24 @@ class PersonalizedStrategy(Strategy):
 
 
 def reply_metrics_problem(
-    metrics: Mapping[str, Any], partition_id: int, counts: Iterable[str]
-) -> str:
+    metrics: Mapping[str, Any], partition_id: int, counts: Iterable[str],
+    whole: Iterable[str] = (),
+) -> str:  # fmt: skip
     """The reply must come from the partition the message was sent to, its counts must
     be finite numbers >= 0, and so must the costs it may add (:data:`COST_SECONDS`;
-    :data:`COST_COUNTS` whole), which the server sums into the round's record."""
+    :data:`COST_COUNTS` whole), which the server sums into the round's record; the keys
+    of ``whole`` must be whole numbers too (counts of samples)."""
     if metrics.get(PARTITION_ID) != partition_id:
         return f"{PARTITION_ID}={metrics.get(PARTITION_ID)!r}, sent to partition {partition_id}"
     present = [key for key in (*COST_SECONDS, *COST_COUNTS) if key in metrics]
+    whole = {*whole, *COST_COUNTS}
     for key in (*counts, *present):
         value = metrics.get(key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"metric {key}={value!r} is missing or not a number"
         if not math.isfinite(value) or value < 0:
             return f"metric {key}={value!r} is not a finite number >= 0"
-        if key in COST_COUNTS and not float(value).is_integer():
+        if key in whole and not float(value).is_integer():
             return f"metric {key}={value!r} is not a whole count"
     return ""
 
