@@ -81,11 +81,13 @@ from fedreg_app.reports import (
     PAPER_TABLE,
     RUNNING,
     PaperCells,
+    clients_difference,
     footnotes,
     marked,
     mean_std,
     personal_figure,
     read_document,
+    run_order,
     run_status,
     write_report,
 )
@@ -223,11 +225,12 @@ class RunSpec:
     problem: str | None = field(default=None, repr=False)  # why it was not run
 
     def _documents(self) -> list[tuple[Path, dict[str, Any]]]:
-        """Every run's results in this folder, oldest first (run folders sort by time); a
-        file that cannot be read, or that its rounds do not bear out (the report's check),
-        reads as not finished, with why."""
-        return [(path, read_document(path, self.seed))
-                for path in sorted(self.folder.glob("*/results.json"))]  # fmt: skip
+        """Every run's results in this folder, oldest first (by ``run.started``, as the
+        report orders them); a file that cannot be read, or that its rounds do not bear out
+        (the report's check), reads as not finished, with why."""
+        documents = [(path, read_document(path, self.seed))
+                     for path in self.folder.glob("*/results.json")]  # fmt: skip
+        return sorted(documents, key=run_order)
 
     def finished_results(self) -> dict[str, Any] | None:
         """The newest finished run's results (completed or degraded) of this setting, if
@@ -246,7 +249,9 @@ class RunSpec:
         recorded = document.get("config")
         if not isinstance(recorded, dict):
             return ["config: not recorded"]
-        return setting_differences(recorded, self.setting)
+        return setting_differences(recorded, self.setting) + clients_difference(
+            document, self.clients
+        )
 
     def other_setting(self) -> str | None:
         """The newest finished run in this seed's folder that is of another setting, and
@@ -366,14 +371,46 @@ class Attempt:
     status: str = ""
 
 
+#: What a marker may say: why the runner stopped the run, or why it started it anew.
+MARKER_REASONS = ("stopped", "abandoned")
+
+
+def marker_problem(run_folder: Path) -> str | None:
+    """Why the folder's ``runner.json`` is not one the runner wrote (None: none, or a
+    good one). It decides whether a run is resumed, so a file of another shape is not
+    read as a decision: the folder is reported as damaged instead."""
+    path = run_folder / MARKER
+    if not path.exists():
+        return None
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return f"{MARKER} is unreadable ({first_line(str(err))})"
+    if not isinstance(marker, dict):
+        return f"{MARKER} is not an object"
+    reasons = [key for key in MARKER_REASONS if key in marker]
+    unknown = sorted(set(marker) - {*MARKER_REASONS, "at"})
+    if unknown or len(reasons) != 1:
+        return (
+            f"{MARKER} must hold one of {', '.join(MARKER_REASONS)} and 'at'; "
+            f"it holds {', '.join(sorted(marker)) or 'nothing'}"
+        )
+    for key in (reasons[0], "at"):
+        if not isinstance(marker.get(key), str) or not marker[key].strip():
+            return f"{MARKER}: {key} must be a non-empty text; it is {marker.get(key)!r}"
+    return None
+
+
 def read_marker(run_folder: Path) -> dict[str, Any]:
     """What the runner noted in a run folder (``stopped``: it stopped the run itself;
-    ``abandoned``: the run was started anew elsewhere)."""
+    ``abandoned``: the run was started anew elsewhere); empty if none, or if the file is
+    not one the runner wrote (see :func:`marker_problem`)."""
+    if marker_problem(run_folder) is not None:
+        return {}
     try:
-        marker = json.loads((run_folder / MARKER).read_text())
+        return json.loads((run_folder / MARKER).read_text())
     except (OSError, ValueError):
         return {}
-    return marker if isinstance(marker, dict) else {}
 
 
 def write_marker(run_folder: Path, **fields: Any) -> None:
@@ -394,14 +431,18 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     does a run whose config changed since. A checkpoint, ``results.json`` or client state
     that cannot be trusted stops the run from going on: reported, and started anew in a
     fresh folder only with ``restart_damaged`` (the damaged folder is kept, marked)."""
-    folders = [
-        f for f in reversed(spec.run_folders())
-        if state_path(f).exists()
-        and not read_marker(f).get("abandoned")
-    ]  # fmt: skip
-    if not folders:
+    folder = None
+    for candidate in reversed(spec.run_folders()):  # the newest not abandoned
+        if not state_path(candidate).exists():
+            continue
+        problem = marker_problem(candidate)
+        if problem:  # abandoned or not: not known
+            return _damaged(candidate, problem, restart_damaged)
+        if not read_marker(candidate).get("abandoned"):
+            folder = candidate
+            break
+    if folder is None:
         return Attempt()
-    folder = folders[0]
     holder = folder_holder(folder, RUN_FOLDER_LOCK)
     if holder is not None:  # a ServerApp still writes it (one a killed runner left behind)
         return Attempt(problem=(

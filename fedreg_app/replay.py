@@ -54,6 +54,9 @@ ACCURACIES = (
     "client_accuracies",
 )
 COMPARED = (*ACCURACIES, "sampled_clients", "num_train_examples")
+#: Compared where both records have them (older records do not): in a degraded round the
+#: answering clients' G is the round's only global figure.
+COMPARED_IF_RECORDED = ("global_accuracy_answered", "personal_accuracy_sampled")
 #: Keys ``--set`` may change: where the same inputs lie on this machine, nothing else
 #: (any other key would make the replay a different run).
 SETTABLE = ("dataset-path", "init-model")
@@ -216,6 +219,10 @@ def compare_round(recorded: dict[str, Any], replayed: dict[str, Any]) -> list[Di
                     found.append(_difference(number, f"client_accuracies[{client}]", a, b))
         elif not _same(mine, theirs):
             found.append(_difference(number, field, mine, theirs))
+    for field in COMPARED_IF_RECORDED:
+        both = field in recorded and field in replayed
+        if both and not _same(recorded[field], replayed[field]):
+            found.append(_difference(number, field, recorded[field], replayed[field]))
     return found
 
 
@@ -243,7 +250,8 @@ def max_abs_diff(differences: list[Difference]) -> float:
     have (0.0 when they all agree); other differences only show in the table."""
     gaps = [
         d.abs_diff for d in differences
-        if d.field.startswith(ACCURACIES) and d.abs_diff is not None and not math.isnan(d.abs_diff)
+        if d.field.startswith(ACCURACIES + COMPARED_IF_RECORDED)
+        and d.abs_diff is not None and not math.isnan(d.abs_diff)
     ]  # fmt: skip
     return max(gaps, default=0.0)
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import re
 import statistics
 import sys
 import tomllib
@@ -88,8 +90,8 @@ DEGRADED_NOTE = (
     "(each round's `errors` in results.json says which); the figures are kept"
 )
 ANSWERED_NOTE = (
-    f"{ANSWERED_MARK} P over the clients that answered: no evaluated round of these runs had "
-    "every client's reply, so the all-client figure does not exist"
+    f"{ANSWERED_MARK} P over the clients that answered, for the seeds where no evaluated round "
+    "had every client's reply (the all-client figure does not exist there)"
 )
 UNFINISHED_NOTE = (
     f"{UNFINISHED_MARK} unfinished: these runs have not done all their rounds (status "
@@ -268,6 +270,21 @@ def results_files(root: Path) -> dict[Path, list[Path]]:
     return dict(sorted(files.items()))
 
 
+#: A seed folder's name: ``seed0``, ``seed1``, ... (no sign, no leading zero: ``seed01``
+#: beside ``seed1`` would be the same seed twice).
+SEED_FOLDER = re.compile(r"seed(0|[1-9][0-9]*)")
+
+
+def run_order(item: tuple[Path, dict[str, Any]]) -> tuple[str, str]:
+    """Sort key of a seed's runs, oldest first: when each started (``run.started``), then
+    the path. Folder names alone do not order runs: a copy named ``committed`` sorts
+    after every time-stamped run folder."""
+    path, document = item
+    run = document.get("run")
+    started = run.get("started") if isinstance(run, dict) else None
+    return (started if isinstance(started, str) else "", str(path))
+
+
 TOTALS = ("total_bytes_to_clients", "total_bytes_from_clients", "total_train_bytes_to_clients",
           "total_train_bytes_from_clients", "total_trained_parameters")  # fmt: skip
 INVALID = "invalid"
@@ -349,9 +366,18 @@ def one_setting(results: list[RunResult]) -> tuple[list[RunResult], list[Skipped
 
 
 def _setting_gap(reference: RunResult, run: RunResult) -> list[str]:
-    return setting_differences(
+    gap = setting_differences(
         run.document["config"], reference.document["config"], ignore=("seed",)
     )
+    return gap + clients_difference(run.document, reference.clients)
+
+
+def clients_difference(document: dict[str, Any], clients: int) -> list[str]:
+    """``clients=N, not M`` where a run had another number of clients: the client count is
+    part of a setting (it changes every partition) but is recorded under ``run``, not in
+    the config."""
+    recorded = document.get("run", {}).get("num_clients")
+    return [] if recorded == clients else [f"clients={recorded!r}, not {clients!r}"]
 
 
 def scan(root: Path, unfinished: bool = False) -> Collection:
@@ -361,8 +387,12 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
     that has rounds."""
     results, skipped = [], []
     for seed_folder, paths in results_files(root).items():
+        if not SEED_FOLDER.fullmatch(seed_folder.name):
+            why = "not a seed folder's name (seed0, seed1, ...): not counted as any seed"
+            skipped.append(Skipped(seed_folder, INVALID, why))
+            continue
         seed = int(seed_folder.name.removeprefix("seed"))
-        runs = [(path, read_document(path, seed)) for path in paths]
+        runs = sorted(((path, read_document(path, seed)) for path in paths), key=run_order)
         kept = [(p, d) for p, d in runs if run_status(d) in FINISHED]
         if not kept and unfinished:
             kept = [(p, d) for p, d in runs if run_status(d) in UNFINISHED and d.get("rounds")]
@@ -426,8 +456,17 @@ def cell_figures(
     figures = [f for f in (personal_figure(r.document, personal) for r in runs) if f[0] is not None]
     personals = [f for f, _ in figures]
     answered = any(a for _, a in figures)
-    return (globals_, personals, marked(mean_std(globals_), degraded, unfinished=running),
-            marked(mean_std(personals), degraded, answered, running))  # fmt: skip
+    g_text = marked(mean_std(globals_), degraded, unfinished=running)
+    p_text = marked(mean_std(personals), degraded, answered, running)
+    return globals_, personals, _of(g_text, globals_, runs), _of(p_text, personals, runs)
+
+
+def _of(text: str, values: Sequence[float], runs: Sequence[RunResult]) -> str:
+    """``(n of N seeds)`` after a figure that fewer seeds than the cell's give (a degraded
+    or unfinished run with no such figure): the seeds column counts runs, not figures."""
+    if not values or len(values) == len(runs):
+        return text
+    return f"{text} ({len(values)} of {len(runs)} seeds)"
 
 
 def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
@@ -470,10 +509,10 @@ def differing_settings(results: Sequence[RunResult]) -> str:
     under it. A key of the experiment's grid, named in its cells, is not listed."""
     lines = []
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
-        for key in SHARED_KEYS:
+        for key in (*SHARED_KEYS, "clients"):
             cells: dict[str, set[str]] = {}
             for run in runs:
-                value = run.document["config"].get(key)
+                value = run.clients if key == "clients" else run.document["config"].get(key)
                 in_grid = any(
                     part.startswith(f"{key}-") for part in run.cell.split(CELL_SEPARATOR)[1:]
                 )
@@ -586,11 +625,14 @@ def paper_comparison(results: Sequence[RunResult], paper: PaperCells,
             _published(published.get("G")),
             _points(globals_, published.get("G")),
             p_text,
-            _published(published.get("P")),
-            _points(personals, published.get("P")),
+            _published(published.get("P")) if personal == "all" else "–",
+            _points(personals, published.get("P")) if personal == "all" else "–",
             str(len(cell_runs)),
         ]) + " |")  # fmt: skip
-    return footnotes("\n".join(lines))
+    table = footnotes("\n".join(lines))
+    if personal != "all":  # the sources publish P over all clients: no like-for-like P
+        table += f"\n\nPaper P is left out: the sources' P is over all clients, not {p}."
+    return table
 
 
 def cost_table(results: Sequence[RunResult]) -> str:
@@ -636,7 +678,9 @@ def _mean_band(
     if not rounds:
         return None
     values = np.array([[s[k] for k in rounds] for s in series]) * 100
-    return np.array(rounds), values.mean(axis=0), values.std(axis=0)
+    # the sample std, as the tables' mean ± std (none with one seed)
+    std = values.std(axis=0, ddof=1) if len(series) > 1 else np.zeros(len(rounds))
+    return np.array(rounds), values.mean(axis=0), std
 
 
 def plot_accuracy_curves(
@@ -699,15 +743,32 @@ def plot_accuracy_curves(
     return _save(figure, path)
 
 
-def plot_log_ratio_vs_clients(results: Sequence[RunResult], path: Path) -> Path:
-    """The paper's Figure 7: mean log10(g/p) over seeds against the number of clients.
-    Only all-client personal figures count: a degraded run with no complete round has
-    none and is left out of its point."""
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for cell, runs in by_key(results, lambda r: r.cell).items():
-        per_clients = by_key(runs, lambda r: r.clients)
+#: Shared keys the paper's own scaling experiments change with the client count (Table 3:
+#: batch 1 and a topped-up partition at 500 clients): not a reason to split Figure 7's line.
+CLIENT_SCALED_KEYS = ("batch-size", "partition", "min-partition-size")
+
+
+def series_key(run: RunResult) -> str:
+    """What must be equal for two runs to lie on one line of Figure 7: the shared settings
+    (:data:`SHARED_KEYS`) but those scaled with the client count."""
+    config = run.document["config"]
+    kept = [k for k in SHARED_KEYS if k not in CLIENT_SCALED_KEYS]
+    return json.dumps({key: config.get(key) for key in kept}, sort_keys=True)
+
+
+def log_ratio_lines(results: Sequence[RunResult]) -> dict[str, list[tuple[int, float]]]:
+    """Figure 7's lines: per cell and setting (:func:`series_key`; runs of another dataset,
+    budget or data fraction at the same client count are another line, never averaged
+    into one point), the mean log10(g/p) over seeds at each client count. Only all-client
+    personal figures count: a degraded run with no complete round has none and is left
+    out of its point. Labelled by cell, and by the experiments joined where several
+    settings are drawn."""
+    lines = by_key(results, lambda r: (r.cell, series_key(r)))
+    several = len({key for _, key in lines}) > 1
+    drawn: dict[str, list[tuple[int, float]]] = {}
+    for (cell, _), runs in lines.items():
         points = []
-        for clients, group in sorted(per_clients.items()):
+        for clients, group in sorted(by_key(runs, lambda r: r.clients).items()):
             scores = [
                 math.log10(r.best_global / r.best_personal)
                 for r in group
@@ -715,9 +776,26 @@ def plot_log_ratio_vs_clients(results: Sequence[RunResult], path: Path) -> Path:
             ]
             if scores:
                 points.append((clients, statistics.fmean(scores)))
+        label = cell.replace(CELL_SEPARATOR, " ")
+        if several:
+            names = sorted({r.experiment for r in runs})
+            common = names[0] if len(names) == 1 else os.path.commonprefix(names)
+            common = common if len(names) == 1 else common.rstrip("0123456789_")
+            label += f" ({common or ', '.join(names)})"
+        while label in drawn:  # two settings of the same experiments: never merged
+            label += "'"
         if points:
-            xs, ys = zip(*points, strict=True)
-            axis.plot(xs, ys, marker="o", label=cell.replace(CELL_SEPARATOR, " "))
+            drawn[label] = points
+    return drawn
+
+
+def plot_log_ratio_vs_clients(results: Sequence[RunResult], path: Path) -> Path:
+    """The paper's Figure 7: mean log10(g/p) over seeds against the number of clients, one
+    line per cell and setting (:func:`log_ratio_lines`)."""
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label, points in log_ratio_lines(results).items():
+        xs, ys = zip(*points, strict=True)
+        axis.plot(xs, ys, marker="o", label=label)
     counts = sorted({r.clients for r in results})
     axis.set_xscale("log")
     axis.set_xticks(counts, [str(c) for c in counts])  # the client counts run, no log clutter

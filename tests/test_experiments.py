@@ -224,10 +224,11 @@ def test_an_unknown_key_in_a_config_file_names_the_file_and_the_closest_key(
 
 # ------------------------------------------------------- degraded and failed runs
 def results_document(
-    status: str, config: dict[str, Any] | None = None, **summary: Any
+    status: str, config: dict[str, Any] | None = None, clients: int = 20, **summary: Any
 ) -> dict[str, Any]:
     """A results.json as the ServerApp writes it (the fields the runner and report read),
-    recording ``config`` (a run's whole validated config: the runner compares it)."""
+    recording ``config`` (a run's whole validated config: the runner compares it) and the
+    number of clients (part of the setting too; the test grids' default is 20)."""
     partial = status == "degraded"
     rounds = [] if status == "failed" else [
         {"round": 1, "global_accuracy": 0.5, "personal_accuracy": None if partial else 0.7,
@@ -246,7 +247,7 @@ def results_document(
         "config": config or {"algo": "fedreg", "dataset": "zalando-datasets/fashion_mnist",
                              "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1,
                              "batch-size": 10},
-        "run": {"status": status, "num_clients": 3,
+        "run": {"status": status, "num_clients": clients,
                 **({"error": "RuntimeError: CUDA out of memory\nsecond line"}
                    if status == "failed" else {})},
         "rounds": rounds,
@@ -263,7 +264,7 @@ def write_results(
     """Lay a run out as the runner does: <out>/<experiment>/<cell>/seed<k>/<run>/."""
     folder = spec.folder / run
     folder.mkdir(parents=True)
-    document = results_document(status, spec.setting, **summary)
+    document = results_document(status, spec.setting, spec.clients, **summary)
     (folder / "results.json").write_text(json.dumps(document))
 
 
@@ -393,6 +394,18 @@ class FakeSuperLink:
             config = load_config({**DECLARED, **run_config}).to_run_config()
             (run / "results.json").write_text(json.dumps(results_document(status, config)))
         yield
+
+
+def test_a_finished_run_with_another_number_of_clients_is_not_this_runs(tmp_path: Path) -> None:
+    """The client count lives under ``run``, not in the recorded config: after
+    ``clients`` changed, the runner took the old finished run as the new setting's."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    folder = spec.folder / "20250101-000000_run1"
+    folder.mkdir(parents=True)
+    document = results_document("completed", spec.setting, clients=spec.clients + 10)
+    (folder / "results.json").write_text(json.dumps(document))
+    assert spec.finished_results() is None
+    assert f"clients={spec.clients + 10}, not {spec.clients}" in spec.other_setting()
 
 
 def test_runner_reruns_failed_runs_lists_them_and_exits_non_zero(
@@ -655,6 +668,52 @@ def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothin
     assert lines[6] == f"grid {rounds + 3}/{6 * rounds} rounds done in 6 runs"
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
     assert read_marker(broken) == {}
+
+
+@pytest.mark.parametrize(
+    ("marker", "problem"),
+    [
+        ('{"abandoned": 1, "at": "2026-01-01T00:00:00"}', "abandoned must be a non-empty text"),
+        ('{"abandoned": "", "at": "2026-01-01T00:00:00"}', "abandoned must be a non-empty text"),
+        ('{"stopped": "x", "abandoned": "y", "at": "t"}', "must hold one of stopped, abandoned"),
+        ('{"stopped": "x", "at": "t", "resume": true}', "it holds at, resume, stopped"),
+        ('{"stopped": "x"}', "at must be a non-empty text"),
+        ('["abandoned"]', "runner.json is not an object"),
+        ("{", "runner.json is unreadable"),
+    ],
+)
+def test_a_marker_the_runner_did_not_write_is_not_obeyed(
+    tmp_path: Path, marker: str, problem: str
+) -> None:
+    """``runner.json`` decides whether a run is resumed (``stopped``) or passed over
+    (``abandoned``). A file of another shape was read by truthiness: ``{"abandoned": 1}``
+    made the runner start the seed anew beside a resumable run. Now the folder is named
+    as damaged; --restart-damaged replaces the file with the runner's own marker."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    older = interrupted_run(spec, "running", name="20240101-000000_run0")
+    write_marker(older, abandoned="an earlier attempt")  # the runner's own: passed over
+    folder = interrupted_run(spec, "failed", at_round=2)
+    (folder / "runner.json").write_text(marker)
+    attempt = decide(spec, DECLARED)
+    assert attempt.resume is None and f"cannot resume {folder}: " in attempt.problem
+    assert problem in attempt.problem
+    assert read_marker(folder) == {}
+    again = decide(spec, DECLARED, restart_damaged=True)
+    assert again.resume is None and again.problem is None and str(folder) in again.note
+    assert read_marker(folder)["abandoned"].startswith("runner.json")
+    assert decide(spec, DECLARED) == experiments.Attempt()  # both passed over: a fresh run
+
+
+def test_the_runners_own_markers_are_obeyed(tmp_path: Path) -> None:
+    """The shapes :func:`write_marker` writes: ``stopped`` resumes a run whose ServerApp
+    wrote ``failed`` on its way out; ``abandoned`` passes a folder over."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    folder = interrupted_run(spec, "failed", at_round=2)
+    write_marker(folder, stopped="stopped by --max-minutes")
+    assert experiments.marker_problem(folder) is None
+    assert decide(spec, DECLARED).resume == folder
+    write_marker(folder, abandoned="checkpoint damaged")
+    assert decide(spec, DECLARED) == experiments.Attempt()
 
 
 @pytest.mark.parametrize("damage", ["model", "state", "client-state", "results"])

@@ -183,6 +183,23 @@ def test_a_round_evaluated_in_one_run_only_or_not_replayed_differs() -> None:
     assert compare_rounds(recorded, replayed, 1)  # round 2 is not asked for, round 1 is
 
 
+def test_the_answering_clients_g_and_the_sampled_p_are_compared_where_both_record_them() -> None:
+    """In a degraded round with global evaluation on the clients, G is None on both sides
+    and the answering clients' G is the round's only global figure: it was not compared,
+    so a replay with another aggregate there said identical=true."""
+    recorded = [{**round_record(1, g=None), "global_accuracy_answered": 0.8,
+                 "personal_accuracy_sampled": 0.9}]  # fmt: skip
+    replayed = [{**recorded[0], "global_accuracy_answered": 0.7,
+                 "personal_accuracy_sampled": 0.5}]  # fmt: skip
+    differences = compare_rounds(recorded, replayed, 1)
+    assert [d.field for d in differences] == [
+        "global_accuracy_answered", "personal_accuracy_sampled"
+    ]  # fmt: skip
+    assert max_abs_diff(differences) == pytest.approx(0.4)
+    older = [round_record(1, g=None)]  # a record from before these fields: not judged
+    assert compare_rounds(older, replayed, 1) == []
+
+
 def test_a_bit_level_difference_counts() -> None:
     recorded, replayed = [round_record(1, g=0.1 + 0.2)], [round_record(1, g=0.3)]
     [difference] = compare_rounds(recorded, replayed, 1)

@@ -24,6 +24,8 @@ from fedreg_app.reports import (
     class_distribution_report,
     collect,
     cost_table,
+    differing_settings,
+    log_ratio_lines,
     main,
     paper_comparison,
     paper_table,
@@ -110,7 +112,8 @@ def test_mean_band_uses_rounds_every_seed_evaluated(tmp_path: Path) -> None:
     fake_run(tmp_path, "e", "fedreg", 1, globals_=(0.1, 0.4, None))
     rounds, mean, std = _mean_band(collect(tmp_path), "global_accuracy")
     assert rounds.tolist() == [2] and mean.tolist() == pytest.approx([50.0])
-    assert std.tolist() == pytest.approx([10.0])
+    # the sample std, as the table's mean ± std (the band was the population std, 10.0)
+    assert std.tolist() == pytest.approx([14.142135623730951])
 
 
 def test_rebalanced_counts_bring_present_classes_to_the_threshold() -> None:
@@ -566,3 +569,105 @@ def test_the_curves_draw_each_published_figure_as_a_line_at_its_value(
     plot_accuracy_curves(collect(tmp_path), "t", tmp_path / "t.png", paper=paper)
     assert sorted(drawn) == [61.5, 82.0]  # fedavg has no published figure
     assert (tmp_path / "t.png").stat().st_size > 0
+
+
+# ------------------------------------------------ what a published table may not mix
+def test_figure_7_never_averages_runs_of_another_dataset_or_budget_into_one_point(
+    tmp_path: Path,
+) -> None:
+    """fedreg at 50 clients on FMNIST and on CIFAR-10 (and on FMNIST with another budget)
+    were one point, the mean of the three; each setting is now its own line. Table 3's
+    batch size and partition, which the paper changes with the client count, stay one
+    line."""
+    cifar = {"dataset": "uoft-cs/cifar10"}
+    fake_run(tmp_path, "f7_clients20", "fedreg", 0, clients=20, personals=(0.8, 0.8, 0.7))
+    fake_run(tmp_path, "f7_clients50", "fedreg", 0, clients=50, personals=(0.7, 0.7, 0.7))
+    fake_run(tmp_path, "t3_clients50", "fedreg", 0, clients=50, config=cifar,
+             globals_=(0.1, 0.2, 0.07), personals=(0.7, 0.7, 0.7))  # fmt: skip
+    fake_run(tmp_path, "t3_clients500", "fedreg", 0, clients=500,
+             config={**cifar, "batch-size": 1, "partition": "dirichlet-topup"})  # fmt: skip
+    fake_run(tmp_path, "long50", "fedreg", 0, clients=50, config={"num-server-rounds": 100},
+             personals=(0.7, 0.7, 0.7))  # fmt: skip
+    lines = log_ratio_lines(collect(tmp_path))
+    assert lines == {
+        "fedreg (f7_clients)": [(20, pytest.approx(np.log10(0.7 / 0.8))), (50, 0.0)],
+        "fedreg (t3_clients)": [(50, pytest.approx(np.log10(0.2 / 0.7))),
+                                (500, pytest.approx(np.log10(0.7 / 0.9)))],
+        "fedreg (long50)": [(50, 0.0)],
+    }  # fmt: skip
+
+
+def test_seeds_run_with_another_number_of_clients_are_not_averaged(tmp_path: Path) -> None:
+    """The client count is recorded under ``run``, not in the config: seeds of 50 and
+    of 30 clients were averaged in one cell, with nothing said."""
+    fake_run(tmp_path, "e", "fedreg", 0, clients=50, globals_=(0.5, 0.9, 0.6))
+    fake_run(tmp_path, "e", "fedreg", 1, clients=50, globals_=(0.5, 0.8, 0.6))
+    fake_run(tmp_path, "e", "fedreg", 2, clients=30, globals_=(0.5, 0.7, 0.6))
+    fake_run(tmp_path, "e", "fedavg", 0, clients=30)
+    collection = scan(tmp_path)
+    assert [(r.cell, r.seed) for r in collection.results] == [("fedavg", 0), ("fedreg", 0),
+                                                               ("fedreg", 1)]  # fmt: skip
+    [other] = collection.skipped
+    assert other.status == "other setting" and "clients=30, not 50" in other.error
+    assert "`clients` is 30 (fedavg); 50 (fedreg)" in differing_settings(collection.results)
+
+
+def test_a_figure_fewer_seeds_give_than_the_cell_has_says_how_many(tmp_path: Path) -> None:
+    """The seeds column counts runs; a degraded seed with no complete round gives no G
+    when the clients evaluate the global model. ``80.00 ± 14.14`` over 2 of 3 seeds was
+    shown under ``seeds 3``."""
+    fake_run(tmp_path, "e", "fedreg", 0, globals_=(0.5, 0.9, 0.6))
+    fake_run(tmp_path, "e", "fedreg", 1, globals_=(0.5, 0.7, 0.6))
+    fake_run(tmp_path, "e", "fedreg", 2, status="degraded", globals_=(None, None, None),
+             personals=(None, None, None), answered=(0.3, 0.3, 0.3))  # fmt: skip
+    table = paper_table(collect(tmp_path))
+    assert "| fedreg | 80.00 ± 14.14† (2 of 3 seeds) | 70.00 ± 34.64†‡ | 3 |" in table
+    assert ANSWERED_NOTE.startswith("‡ P over the clients that answered, for the seeds where")
+
+
+@pytest.mark.parametrize("name", ["seed1-old", "seed01", "seed-1", "seedx"])
+def test_a_folder_not_named_seed_k_is_named_and_counted_as_no_seed(
+    tmp_path: Path, name: str
+) -> None:
+    """``seed1-old`` crashed the report (ValueError); ``seed01`` was read as seed 1 beside
+    ``seed1``, so seed 1 was averaged twice."""
+    fake_run(tmp_path, "e", "fedreg", 0, globals_=(0.5, 0.9, 0.6))
+    fake_run(tmp_path, "e", "fedreg", 1, globals_=(0.5, 0.7, 0.6))
+    copy = tmp_path / "e" / "fedreg" / name
+    (tmp_path / "e" / "fedreg" / "seed1").rename(copy)
+    fake_run(tmp_path, "e", "fedreg", 1, globals_=(0.5, 0.7, 0.6))
+    collection = scan(tmp_path)
+    assert [r.seed for r in collection.results] == [0, 1]
+    [skipped] = collection.skipped
+    assert skipped.seed_folder == copy and skipped.status == "invalid"
+    assert "80.00 ± 14.14" in paper_table(collection.results)
+    assert main([str(tmp_path), "--out", str(tmp_path / "report")]) == 0
+
+
+def test_the_newest_run_of_a_seed_is_the_last_started_not_the_last_named(
+    tmp_path: Path,
+) -> None:
+    """A copy in ``seed0/committed/`` sorted after the time-stamped run folders, so its
+    older figures were reported over a newer run's."""
+    fake_run(tmp_path, "e", "fedreg", 0, run="committed", globals_=(0.1, 0.3, 0.2))
+    fake_run(tmp_path, "e", "fedreg", 0, run="20261125-101010_run", globals_=(0.1, 0.6, 0.2))
+    for run, started in (("committed", "2026-11-20T10:00:00"),
+                         ("20261125-101010_run", "2026-11-25T10:10:10")):  # fmt: skip
+        path = tmp_path / "e" / "fedreg" / "seed0" / run / "results.json"
+        document = json.loads(path.read_text())
+        document["run"]["started"] = started
+        path.write_text(json.dumps(document))
+    [result] = collect(tmp_path)
+    assert result.best_global == 0.6 and result.folder.name == "20261125-101010_run"
+
+
+def test_a_sampled_p_is_not_set_against_the_papers_all_client_p(tmp_path: Path) -> None:
+    fake_run(tmp_path, "t", "fedreg", 0, globals_=(0.5, 0.80, 0.6))
+    paper = read_paper_cells(paper_config(tmp_path, (
+        'source = "paper X"\nfedreg = { G = 88.35, P = 97.52 }'
+    )))  # fmt: skip
+    table = paper_comparison(collect(tmp_path), paper, personal="sampled")
+    row = next(line for line in table.splitlines() if line.startswith("| fedreg |"))
+    assert row.split(" | ")[5:7] == ["–", "–"]  # paper P, P − paper
+    assert "-8.35" in row  # G against G stays
+    assert "Paper P is left out" in table
