@@ -18,11 +18,19 @@ process's peak. ``--state disk`` (default) gives the run a state-dir, so clients
 state and decoded partitions live on disk between messages; ``--state memory`` keeps them
 in Flower's ``context.state`` and the processes.
 
+(c') ``clients``: does a training round cost more because more clients exist? The scale
+setting at ``--clients`` N, fraction f (default 500, 0.1) against N/2 clients at 2f over
+half the data: the same clients train a round on about the same samples, out of twice as
+many. Interleaved N, N/2, N in one invocation; the line gives ``ratio`` = s/round at N
+over s/round at N/2 (1.0: the total does not matter).
+
 Each invocation ends with one line ``simulation <mode>: key=value ...``.
 
     python benchmarks/simulation.py overhead --dataset-path ../shared/data/fashion_mnist
     python benchmarks/simulation.py scale --dataset-path ../shared/data/cifar10_jpeg \\
         --algos fedreg --clients 500 --rounds 2
+    python benchmarks/simulation.py clients --dataset-path ../shared/data/cifar10_jpeg \
+        --algos fedreg --clients 500 --fraction 0.1 --rounds 3
 """
 
 from __future__ import annotations
@@ -188,40 +196,60 @@ def overhead(args: argparse.Namespace, superlink: LocalSuperLink, out: Path) -> 
     return {"rows": rows, "median_overhead_fraction_after_round_1": statistics.median(later)}
 
 
+def measure_scale(
+    args: argparse.Namespace,
+    superlink: LocalSuperLink,
+    out: Path,
+    algo: str,
+    clients: int,
+    fraction: float,
+    data_fraction: float = 1.0,
+    tag: str = "",
+) -> dict[str, Any]:
+    """One run of the scale setting: seconds per training round and peak memory."""
+    name = f"{algo}{tag}"
+    run_config = {
+        "algo": algo, "num-server-rounds": args.rounds, "fraction-train": fraction,
+        "alpha": 0.1, "batch-size": args.batch_size, "local-epochs": 1,
+        "eval-every": args.rounds, "partition": "dirichlet-topup",
+        "data-fraction": data_fraction,
+        "dataset": args.dataset, "results-dir": str(out / f"scale_{name}"),
+    }  # fmt: skip
+    if args.dataset_path:
+        run_config["dataset-path"] = str(Path(args.dataset_path).resolve())
+    if args.state == "disk":  # private state and decoded partitions on disk
+        run_config["state-dir"] = str(out / f"state_{name}")
+    sampler = PeakMemory(superlink.process.pid)
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        results = run_once(superlink, run_config, clients, cpus=1)
+    finally:
+        sampler.stop()
+    train = [r["train_seconds"] for r in results["rounds"]]
+    return {
+        "clients": clients,
+        "fraction": fraction,
+        "data_fraction": data_fraction,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "train_s_per_round_median": round(statistics.median(train[1:] or train), 2),
+        "train_s_round_1": round(train[0], 2),
+        "train_samples_per_round": [r["num_train_examples"] for r in results["rounds"]],
+        "train_replies_per_round": [r["train_replies"] for r in results["rounds"]],
+        "eval_s_last_round": round(results["rounds"][-1]["eval_seconds"], 2),
+        "peak_rss_total_mib": round(sampler.peak_total),
+        "peak_rss_one_process_mib": round(sampler.peak_process),
+        "peak_pss_total_mib": round(sampler.peak_pss),
+        "peak_rss_by_role_mib": {k: round(v) for k, v in sampler.peak_by_role.items()},
+        "at_total_peak_by_role_mib": {k: round(v) for k, v in sampler.at_peak.items()},
+        "best_global_accuracy": results["best_global_accuracy"],
+    }
+
+
 def scale(args: argparse.Namespace, superlink: LocalSuperLink, out: Path) -> dict:
     figures = {}
     for algo in args.algos.split(","):
-        run_config = {
-            "algo": algo, "num-server-rounds": args.rounds, "fraction-train": args.fraction,
-            "alpha": 0.1, "batch-size": args.batch_size, "local-epochs": 1,
-            "eval-every": args.rounds, "partition": "dirichlet-topup",
-            "dataset": args.dataset, "results-dir": str(out / f"scale_{algo}"),
-        }  # fmt: skip
-        if args.dataset_path:
-            run_config["dataset-path"] = str(Path(args.dataset_path).resolve())
-        if args.state == "disk":  # private state and decoded partitions on disk
-            run_config["state-dir"] = str(out / f"state_{algo}")
-        sampler = PeakMemory(superlink.process.pid)
-        sampler.start()
-        started = time.perf_counter()
-        try:
-            results = run_once(superlink, run_config, args.clients, cpus=1)
-        finally:
-            sampler.stop()
-        train = [r["train_seconds"] for r in results["rounds"]]
-        figures[algo] = {
-            "wall_s": round(time.perf_counter() - started, 1),
-            "train_s_per_round_median": round(statistics.median(train[1:] or train), 2),
-            "train_s_round_1": round(train[0], 2),
-            "train_samples_per_round": [r["num_train_examples"] for r in results["rounds"]],
-            "eval_s_last_round": round(results["rounds"][-1]["eval_seconds"], 2),
-            "peak_rss_total_mib": round(sampler.peak_total),
-            "peak_rss_one_process_mib": round(sampler.peak_process),
-            "peak_pss_total_mib": round(sampler.peak_pss),
-            "peak_rss_by_role_mib": {k: round(v) for k, v in sampler.peak_by_role.items()},
-            "at_total_peak_by_role_mib": {k: round(v) for k, v in sampler.at_peak.items()},
-            "best_global_accuracy": results["best_global_accuracy"],
-        }
+        figures[algo] = measure_scale(args, superlink, out, algo, args.clients, args.fraction)
         print(f"(c) {algo}: {json.dumps(figures[algo])}", flush=True)
     print(f"(c) scale: {args.clients} clients, fraction {args.fraction}, batch {args.batch_size}, "
           f"{args.rounds} rounds, state {args.state}, {os.cpu_count()} cores")  # fmt: skip
@@ -234,9 +262,48 @@ def scale(args: argparse.Namespace, superlink: LocalSuperLink, out: Path) -> dic
     return figures
 
 
+def total_clients(args: argparse.Namespace, superlink: LocalSuperLink, out: Path) -> dict:
+    """(c') Does a round cost more when more clients exist but the same number train on
+    the same number of samples? ``--clients`` N at fraction f over all the data against
+    N/2 clients at 2f over half the data (each client the same size on average): the
+    same participating clients and samples a round, twice the total. Interleaved
+    (large, small, large) so that drift of a shared machine shows."""
+    algo = args.algos.split(",")[0]
+    large = (args.clients, args.fraction, 1.0)
+    small = (args.clients // 2, 2 * args.fraction, 0.5)
+    runs = []
+    for index, (clients, fraction, data_fraction) in enumerate((large, small, large)):
+        figures = measure_scale(args, superlink, out, algo, clients, fraction,
+                                data_fraction, tag=f"_{index}_{clients}")  # fmt: skip
+        runs.append(figures)
+        print(f"(c') {algo} {clients} clients: {json.dumps(figures)}", flush=True)
+    print("clients | fraction | data fraction | trained a round | samples a round | "
+          "s/train round | round 1 s | peak PSS MiB")  # fmt: skip
+    for f in runs:
+        print(f"{f['clients']} | {f['fraction']} | {f['data_fraction']} | "
+              f"{f['train_replies_per_round']} | {f['train_samples_per_round']} | "
+              f"{f['train_s_per_round_median']} | {f['train_s_round_1']} | "
+              f"{f['peak_pss_total_mib']}")  # fmt: skip
+    return {"algo": algo, "runs": runs}
+
+
 def summary_line(args: argparse.Namespace, figures: dict) -> str:
     """The one line a log search finds: ``simulation <mode>: key=value ...``."""
-    if args.mode == "overhead":
+    if args.mode == "clients":
+        runs = figures["runs"]
+        large = statistics.median([runs[0]["train_s_per_round_median"],
+                                   runs[2]["train_s_per_round_median"]])  # fmt: skip
+        small = runs[1]["train_s_per_round_median"]
+        pairs = {
+            "algo": figures["algo"], "large_clients": runs[0]["clients"],
+            "small_clients": runs[1]["clients"], "fraction_large": runs[0]["fraction"],
+            "rounds": args.rounds, "batch": args.batch_size, "state": args.state,
+            "large_s_per_round": f"{large:.1f}", "small_s_per_round": f"{small:.1f}",
+            "ratio": f"{large / small:.2f}",
+            "large_pss_gib": f"{max(r['peak_pss_total_mib'] for r in runs[::2]) / 1024:.2f}",
+            "small_pss_gib": f"{runs[1]['peak_pss_total_mib'] / 1024:.2f}",
+        }  # fmt: skip
+    elif args.mode == "overhead":
         rows = figures["rows"]
         pairs = {
             "algo": args.algo, "clients": args.clients, "rounds": args.rounds,
@@ -264,7 +331,7 @@ def summary_line(args: argparse.Namespace, figures: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["overhead", "scale"])
+    parser.add_argument("mode", choices=["overhead", "scale", "clients"])
     parser.add_argument("--dataset-path", help="offline copy in hub layout")
     parser.add_argument("--dataset", default="uoft-cs/cifar10", help="hub id (scale)")
     parser.add_argument("--algo", default="fedavg", help="overhead: the algorithm")
@@ -280,12 +347,13 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
-    defaults = {"overhead": (10, 0.5), "scale": (500, 0.2)}[args.mode]
+    defaults = {"overhead": (10, 0.5), "scale": (500, 0.2), "clients": (500, 0.1)}[args.mode]
     args.clients = args.clients or defaults[0]
     args.fraction = args.fraction or defaults[1]
     work = Path(tempfile.mkdtemp(prefix=f"bench_{args.mode}_"))
     with LocalSuperLink(work / "flwr_home", extra_env=HF_OFFLINE_ENV) as superlink:
-        figures = (overhead if args.mode == "overhead" else scale)(args, superlink, work)
+        measure = {"overhead": overhead, "scale": scale, "clients": total_clients}[args.mode]
+        figures = measure(args, superlink, work)
     print(f"results under {work}")
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")

@@ -605,6 +605,10 @@ def paper_comparison(results: Sequence[RunResult], paper: PaperCells,
     published ones and the differences in points, for one experiment: the paper's cells
     in its order (a cell not run shows ``–``), then cells the paper does not have."""
     runs = [r for r in results if r.experiment == paper.experiment]
+    if not runs:  # a table of dashes would read as "not run yet", not "another name"
+        found = ", ".join(sorted({r.experiment for r in results})) or "none"
+        return (f"{paper.experiment} against {paper.source}: no runs of the experiment "
+                f"{paper.experiment!r} under this root (experiments found: {found})")  # fmt: skip
     groups = by_key(runs, lambda r: r.cell)
     p = "P" if personal == "all" else f"P {personal}"
     header = ["cell", "G", "paper G", "G − paper", p, "paper P", "P − paper", "seeds"]

@@ -671,3 +671,13 @@ def test_a_sampled_p_is_not_set_against_the_papers_all_client_p(tmp_path: Path) 
     assert row.split(" | ")[5:7] == ["–", "–"]  # paper P, P − paper
     assert "-8.35" in row  # G against G stays
     assert "Paper P is left out" in table
+
+
+def test_a_paper_of_an_experiment_not_under_the_root_says_so(tmp_path: Path) -> None:
+    """``--paper configs/table2_fmnist.toml`` on a root of ``table2_fmnist_cpu`` runs
+    printed a table of dashes with 0 seeds, as if nothing had run yet."""
+    fake_run(tmp_path, "t_cpu", "fedreg", 0)
+    paper = read_paper_cells(paper_config(tmp_path, 'source = "paper X"\nfedreg = { G = 88.35 }'))
+    text = paper_comparison(collect(tmp_path), paper)
+    assert text == ("t against paper X: no runs of the experiment 't' under this root "
+                    "(experiments found: t_cpu)")  # fmt: skip
