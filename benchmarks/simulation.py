@@ -21,8 +21,10 @@ in Flower's ``context.state`` and the processes.
 (c') ``clients``: does a training round cost more because more clients exist? The scale
 setting at ``--clients`` N, fraction f (default 500, 0.1) against N/2 clients at 2f over
 half the data: the same clients train a round on about the same samples, out of twice as
-many. Interleaved N, N/2, N in one invocation; the line gives ``ratio`` = s/round at N
-over s/round at N/2 (1.0: the total does not matter).
+many. Interleaved N, N/2, N in one invocation; the line gives ``ratio_per_sample``, the
+training milliseconds per sample at N over those at N/2 (1.0: the total does not
+matter; per sample because the clients drawn differ in size), and ``ratio`` of the
+seconds per round.
 
 Each invocation ends with one line ``simulation <mode>: key=value ...``.
 
@@ -227,6 +229,8 @@ def measure_scale(
     finally:
         sampler.stop()
     train = [r["train_seconds"] for r in results["rounds"]]
+    samples = [r["num_train_examples"] for r in results["rounds"]]
+    per_sample = [1000 * t / n for t, n in zip(train, samples, strict=True) if n]
     return {
         "clients": clients,
         "fraction": fraction,
@@ -234,7 +238,9 @@ def measure_scale(
         "wall_s": round(time.perf_counter() - started, 1),
         "train_s_per_round_median": round(statistics.median(train[1:] or train), 2),
         "train_s_round_1": round(train[0], 2),
-        "train_samples_per_round": [r["num_train_examples"] for r in results["rounds"]],
+        "train_samples_per_round": samples,
+        # the clients drawn differ in size: seconds per sample compare rounds of unequal work
+        "train_ms_per_sample_median": round(statistics.median(per_sample[1:] or per_sample), 3),
         "train_replies_per_round": [r["train_replies"] for r in results["rounds"]],
         "eval_s_last_round": round(results["rounds"][-1]["eval_seconds"], 2),
         "peak_rss_total_mib": round(sampler.peak_total),
@@ -278,12 +284,12 @@ def total_clients(args: argparse.Namespace, superlink: LocalSuperLink, out: Path
         runs.append(figures)
         print(f"(c') {algo} {clients} clients: {json.dumps(figures)}", flush=True)
     print("clients | fraction | data fraction | trained a round | samples a round | "
-          "s/train round | round 1 s | peak PSS MiB")  # fmt: skip
+          "s/train round | ms per sample | round 1 s | peak PSS MiB")  # fmt: skip
     for f in runs:
         print(f"{f['clients']} | {f['fraction']} | {f['data_fraction']} | "
               f"{f['train_replies_per_round']} | {f['train_samples_per_round']} | "
-              f"{f['train_s_per_round_median']} | {f['train_s_round_1']} | "
-              f"{f['peak_pss_total_mib']}")  # fmt: skip
+              f"{f['train_s_per_round_median']} | {f['train_ms_per_sample_median']} | "
+              f"{f['train_s_round_1']} | {f['peak_pss_total_mib']}")  # fmt: skip
     return {"algo": algo, "runs": runs}
 
 
@@ -294,12 +300,15 @@ def summary_line(args: argparse.Namespace, figures: dict) -> str:
         large = statistics.median([runs[0]["train_s_per_round_median"],
                                    runs[2]["train_s_per_round_median"]])  # fmt: skip
         small = runs[1]["train_s_per_round_median"]
+        large_ms = statistics.median([r["train_ms_per_sample_median"] for r in runs[::2]])
+        small_ms = runs[1]["train_ms_per_sample_median"]
         pairs = {
             "algo": figures["algo"], "large_clients": runs[0]["clients"],
             "small_clients": runs[1]["clients"], "fraction_large": runs[0]["fraction"],
             "rounds": args.rounds, "batch": args.batch_size, "state": args.state,
             "large_s_per_round": f"{large:.1f}", "small_s_per_round": f"{small:.1f}",
-            "ratio": f"{large / small:.2f}",
+            "large_ms_per_sample": f"{large_ms:.2f}", "small_ms_per_sample": f"{small_ms:.2f}",
+            "ratio_per_sample": f"{large_ms / small_ms:.2f}", "ratio": f"{large / small:.2f}",
             "large_pss_gib": f"{max(r['peak_pss_total_mib'] for r in runs[::2]) / 1024:.2f}",
             "small_pss_gib": f"{runs[1]['peak_pss_total_mib'] / 1024:.2f}",
         }  # fmt: skip
