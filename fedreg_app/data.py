@@ -18,14 +18,17 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import shutil
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache, lru_cache
+from logging import INFO
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from flwr.common import log
 from PIL import Image
 
 from fedreg_app.config import SECOND_SPLITS, ConfigError, RunConfig, check_dataset_path
@@ -550,6 +553,43 @@ def data_cache_folder(state_dir: Path, key: PartitionKey) -> Path:
     return state_dir / "data" / digest(*dataclasses.astuple(key))
 
 
+#: In each data-cache folder: the partitioning it holds, so that a later one can tell a
+#: folder left behind by a replaced dataset.
+KEY_FILE = "key.json"
+
+
+def key_record(key: PartitionKey) -> dict:
+    """The key as JSON gives it back (tuples as lists), for :data:`KEY_FILE`."""
+    return {
+        field.name: [list(entry) for entry in key.source] if field.name == "source"
+        else getattr(key, field.name)
+        for field in dataclasses.fields(key)
+    }  # fmt: skip
+
+
+def prune_replaced(cache: Path, key: PartitionKey) -> list[Path]:
+    """Delete the sibling data-cache folders of the same partitioning of a dataset whose
+    files have changed since (the same key but ``source``): nothing will read them again,
+    and on a device each is a decoded copy of its share of the dataset. A folder of any
+    other partitioning (another seed, alpha, client count, dataset), or without a key
+    file (an older version's, or being written), is left alone. Returns those deleted."""
+    ours = {k: v for k, v in key_record(key).items() if k != "source"}
+    removed = []
+    for folder in cache.parent.iterdir() if cache.parent.is_dir() else ():
+        if folder == cache or not folder.is_dir():
+            continue
+        try:
+            theirs = load_json(folder / KEY_FILE)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(theirs, dict) or theirs.get("source") == key_record(key)["source"]:
+            continue
+        if {k: v for k, v in theirs.items() if k != "source"} == ours:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 def node_data(
     key: PartitionKey, partition_id: int, cache: Path | None
 ) -> tuple[DatasetInfo, ClientData]:
@@ -566,6 +606,10 @@ def node_data(
     if info is None:
         info = load_info(key)
         save_json(info_path, dataclasses.asdict(info))
+        save_json(cache / KEY_FILE, key_record(key))
+        for folder in prune_replaced(cache, key):
+            log(INFO, "removed %s: decoded from a dataset since replaced at %s",
+                folder, key.dataset_path)  # fmt: skip
     data = read_cache(data_path, lambda path: _read_partition(path, partition_id))
     if data is None:
         data = decode_client_data(key, partition_id)

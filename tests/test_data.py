@@ -297,6 +297,33 @@ def test_the_decoded_cache_budget_changes_costs_not_results(
     assert runs[0] == runs[1]
 
 
+def test_the_cache_of_a_replaced_dataset_is_deleted_and_no_other(tmp_path: Path) -> None:
+    """A replaced dataset is decoded again into a new cache folder; the old folder was
+    kept for ever (on a device, a decoded copy of the node's share each time). Now it is
+    deleted once the new one is made; another partitioning's folder (another seed) and a
+    folder with no key file (an older version's) stay."""
+    dataset, state_dir = tmp_path / "dataset", tmp_path / "state"
+    write_image_dataset(dataset, seed=0)
+    old_key, other_seed = key_for(dataset), key_for(dataset, seed=5)
+    for key in (old_key, other_seed):
+        node_data(key, 0, data_cache_folder(state_dir, key))
+    old, kept = data_cache_folder(state_dir, old_key), data_cache_folder(state_dir, other_seed)
+    unknown = state_dir / "data" / "from-an-older-version"
+    unknown.mkdir()
+    assert (old / "partition-0.npz").exists()
+    shutil.rmtree(dataset)
+    write_image_dataset(dataset, seed=1, n_train=280)
+    new_key = key_for(dataset)
+    node_data(new_key, 0, data_cache_folder(state_dir, new_key))
+    folders = {p.name for p in (state_dir / "data").iterdir()}
+    assert folders == {data_cache_folder(state_dir, new_key).name, kept.name, unknown.name}
+    assert (kept / "partition-0.npz").exists()  # seed 5 of the old files: not this key's
+    # the other seed's folder is of the replaced files too: it goes when that key is next read
+    other_now = key_for(dataset, seed=5)
+    node_data(other_now, 1, data_cache_folder(state_dir, other_now))
+    assert not kept.exists()
+
+
 def test_a_dataset_replaced_at_the_same_path_is_decoded_again(tmp_path: Path) -> None:
     """Decoded partitions are cached in the process and on a node's disk (state-dir):
     a dataset re-downloaded or re-converted at the same path must not leave clients on
