@@ -144,7 +144,7 @@ def state_folder(state_dir: Path, state_key: str, partition_id: int) -> Path:
 
 @contextmanager
 def persistent_state(
-    msg: Message, context: Context, setup: ClientSetup, resets: list[str]
+    msg: Message, context: Context, setup: ClientSetup, resets: list[str], server_round: int
 ) -> Iterator[None]:
     """With a state dir, restore the node's private records as of the round the server
     resumes from, commit what the procedure changed as this round's version, and drop the
@@ -160,7 +160,6 @@ def persistent_state(
     # The ServerApp names the run's state (the same across a server resume, which gets a
     # new Flower run id), so personalization carries over.
     state_key = str(msg.content[CONFIG].get(STATE_KEY) or context.run_id)
-    server_round = server_round_of(msg)
     versions = VersionedState(state_folder(state_dir, state_key, setup.data.partition_id))
     # Training in round t starts from the state before t; evaluation sees round t's.
     upto = server_round - 1 if msg.metadata.message_type == MessageType.TRAIN else server_round
@@ -200,11 +199,11 @@ def server_round_of(msg: Message) -> int:
     return value
 
 
-def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, dict, int]:
-    """The algorithm's client procedure for this node, the server's arrays and the round."""
+def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, dict]:
+    """The algorithm's client procedure for this node, and the server's arrays."""
     procedure = get_algorithm(setup.config.algo).client(setup)
     procedure.server_config = dict(msg.content[CONFIG])
-    return procedure, from_record(msg.content[ARRAYS]), server_round_of(msg)
+    return procedure, from_record(msg.content[ARRAYS])
 
 
 def reply(
@@ -245,11 +244,11 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
     """Set up, restore private state, run ``work`` (metrics, and arrays to send or None),
     persist what changed, reply with the metrics and the seconds spent."""
     received = time.perf_counter()
-    server_round_of(msg)  # before any state is read or written
+    server_round = server_round_of(msg)  # before any state is read or written
     setup = client_setup(context)
     resets: list[str] = []
-    with persistent_state(msg, context, setup, resets):
-        procedure, arrays, server_round = procedure_for(setup, msg)
+    with persistent_state(msg, context, setup, resets, server_round):
+        procedure, arrays = procedure_for(setup, msg)
         started = time.perf_counter()
         metrics, reply_arrays = work(procedure, arrays, server_round, msg)
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
