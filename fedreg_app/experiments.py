@@ -85,6 +85,7 @@ from fedreg_app.reports import (
     footnotes,
     marked,
     mean_std,
+    of_seeds,
     personal_figure,
     read_document,
     run_order,
@@ -886,8 +887,16 @@ def markdown_table(summaries: list[CellSummary]) -> str:
         [
             s.experiment,
             *(str(s.cell.get(k, "")) for k in keys),
-            marked(mean_std(s.global_accuracies), s.degraded > 0),
-            marked(mean_std(s.personal_accuracies), s.degraded > 0, s.answered_only > 0),
+            of_seeds(
+                marked(mean_std(s.global_accuracies), s.degraded > 0),
+                len(s.global_accuracies),
+                s.finished,
+            ),
+            of_seeds(
+                marked(mean_std(s.personal_accuracies), s.degraded > 0, s.answered_only > 0),
+                len(s.personal_accuracies),
+                s.finished,
+            ),
             f"{s.finished}/{s.seeds}" + (f" ({s.degraded} degraded)" if s.degraded else ""),
         ]
         for s in summaries

@@ -456,17 +456,18 @@ def cell_figures(
     figures = [f for f in (personal_figure(r.document, personal) for r in runs) if f[0] is not None]
     personals = [f for f, _ in figures]
     answered = any(a for _, a in figures)
-    g_text = marked(mean_std(globals_), degraded, unfinished=running)
-    p_text = marked(mean_std(personals), degraded, answered, running)
-    return globals_, personals, _of(g_text, globals_, runs), _of(p_text, personals, runs)
+    g_text = of_seeds(marked(mean_std(globals_), degraded, unfinished=running),
+                      len(globals_), len(runs))  # fmt: skip
+    p_text = of_seeds(marked(mean_std(personals), degraded, answered, running),
+                      len(personals), len(runs))  # fmt: skip
+    return globals_, personals, g_text, p_text
 
 
-def _of(text: str, values: Sequence[float], runs: Sequence[RunResult]) -> str:
-    """``(n of N seeds)`` after a figure that fewer seeds than the cell's give (a degraded
-    or unfinished run with no such figure): the seeds column counts runs, not figures."""
-    if not values or len(values) == len(runs):
-        return text
-    return f"{text} ({len(values)} of {len(runs)} seeds)"
+def of_seeds(text: str, given: int, runs: int) -> str:
+    """``(n of N seeds)`` after a figure that fewer seeds than the cell's runs give (a
+    degraded or unfinished run with no such figure): the seeds column counts runs, not
+    figures."""
+    return text if given in (0, runs) else f"{text} ({given} of {runs} seeds)"
 
 
 def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:

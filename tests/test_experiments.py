@@ -317,6 +317,15 @@ def test_table_marks_degraded_cells_and_answered_only_personal_figures(tmp_path:
     assert table.index(ANSWERED_NOTE) > table.index("| – | – | 0/2 |")  # under the table
 
 
+def test_the_runners_table_says_when_fewer_seeds_give_a_figure_than_finished() -> None:
+    """A degraded seed with no complete round gives no G when the clients evaluate the
+    global model: ``70.00`` over one of two finished seeds said nothing of it."""
+    summary = experiments.CellSummary("t2", {"algo": "fedreg"}, (0.7,), (0.8, 0.9), seeds=2,
+                                      finished=2, degraded=1)  # fmt: skip
+    row = markdown_table([summary]).splitlines()[2]
+    assert row == "| t2 | fedreg | 70.00† (1 of 2 seeds) | 85.00 ± 7.07† | 2/2 (1 degraded) |"
+
+
 def test_table_without_degraded_runs_has_no_marks_or_notes(tmp_path: Path) -> None:
     (spec,) = one_cell_specs(tmp_path, 1)
     write_results(spec, "completed")
