@@ -297,8 +297,7 @@ def summary_line(args: argparse.Namespace, figures: dict) -> str:
     """The one line a log search finds: ``simulation <mode>: key=value ...``."""
     if args.mode == "clients":
         runs = figures["runs"]
-        large = statistics.median([runs[0]["train_s_per_round_median"],
-                                   runs[2]["train_s_per_round_median"]])  # fmt: skip
+        large = statistics.median([r["train_s_per_round_median"] for r in runs[::2]])
         small = runs[1]["train_s_per_round_median"]
         large_ms = statistics.median([r["train_ms_per_sample_median"] for r in runs[::2]])
         small_ms = runs[1]["train_ms_per_sample_median"]

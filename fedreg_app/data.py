@@ -573,7 +573,8 @@ def prune_replaced(cache: Path, key: PartitionKey) -> list[Path]:
     and on a device each is a decoded copy of its share of the dataset. A folder of any
     other partitioning (another seed, alpha, client count, dataset), or without a key
     file (an older version's, or being written), is left alone. Returns those deleted."""
-    ours = {k: v for k, v in key_record(key).items() if k != "source"}
+    record = key_record(key)
+    source, ours = record.pop("source"), record
     removed = []
     for folder in cache.parent.iterdir() if cache.parent.is_dir() else ():
         if folder == cache or not folder.is_dir():
@@ -582,7 +583,7 @@ def prune_replaced(cache: Path, key: PartitionKey) -> list[Path]:
             theirs = load_json(folder / KEY_FILE)
         except (OSError, ValueError):
             continue
-        if not isinstance(theirs, dict) or theirs.get("source") == key_record(key)["source"]:
+        if not isinstance(theirs, dict) or theirs.get("source") == source:
             continue
         if {k: v for k, v in theirs.items() if k != "source"} == ours:
             shutil.rmtree(folder, ignore_errors=True)

@@ -80,6 +80,7 @@ from fedreg_app.reports import (
     INVALID,
     PAPER_TABLE,
     RUNNING,
+    UNREADABLE,
     PaperCells,
     clients_difference,
     footnotes,
@@ -376,42 +377,43 @@ class Attempt:
 MARKER_REASONS = ("stopped", "abandoned")
 
 
-def marker_problem(run_folder: Path) -> str | None:
-    """Why the folder's ``runner.json`` is not one the runner wrote (None: none, or a
-    good one). It decides whether a run is resumed, so a file of another shape is not
-    read as a decision: the folder is reported as damaged instead."""
+def load_marker(run_folder: Path) -> tuple[dict[str, Any], str | None]:
+    """The folder's ``runner.json`` (empty if none) and why it is not one the runner wrote
+    (None if it is). It decides whether a run is resumed, so a file of another shape is
+    not read as a decision: the folder is reported as damaged instead."""
     path = run_folder / MARKER
     if not path.exists():
-        return None
+        return {}, None
     try:
         marker = json.loads(path.read_text())
     except (OSError, ValueError) as err:
-        return f"{MARKER} is unreadable ({first_line(str(err))})"
+        return {}, f"{MARKER} is unreadable ({first_line(str(err))})"
     if not isinstance(marker, dict):
-        return f"{MARKER} is not an object"
+        return {}, f"{MARKER} is not an object"
     reasons = [key for key in MARKER_REASONS if key in marker]
     unknown = sorted(set(marker) - {*MARKER_REASONS, "at"})
     if unknown or len(reasons) != 1:
-        return (
+        return {}, (
             f"{MARKER} must hold one of {', '.join(MARKER_REASONS)} and 'at'; "
             f"it holds {', '.join(sorted(marker)) or 'nothing'}"
         )
     for key in (reasons[0], "at"):
         if not isinstance(marker.get(key), str) or not marker[key].strip():
-            return f"{MARKER}: {key} must be a non-empty text; it is {marker.get(key)!r}"
-    return None
+            return {}, f"{MARKER}: {key} must be a non-empty text; it is {marker.get(key)!r}"
+    return marker, None
+
+
+def marker_problem(run_folder: Path) -> str | None:
+    """Why the folder's ``runner.json`` is not one the runner wrote (None: none, or a
+    good one); see :func:`load_marker`."""
+    return load_marker(run_folder)[1]
 
 
 def read_marker(run_folder: Path) -> dict[str, Any]:
     """What the runner noted in a run folder (``stopped``: it stopped the run itself;
     ``abandoned``: the run was started anew elsewhere); empty if none, or if the file is
-    not one the runner wrote (see :func:`marker_problem`)."""
-    if marker_problem(run_folder) is not None:
-        return {}
-    try:
-        return json.loads((run_folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return {}
+    not one the runner wrote (see :func:`load_marker`)."""
+    return load_marker(run_folder)[0]
 
 
 def write_marker(run_folder: Path, **fields: Any) -> None:
@@ -436,10 +438,10 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     for candidate in reversed(spec.run_folders()):  # the newest not abandoned
         if not state_path(candidate).exists():
             continue
-        problem = marker_problem(candidate)
+        marker, problem = load_marker(candidate)
         if problem:  # abandoned or not: not known
             return _damaged(candidate, problem, restart_damaged)
-        if not read_marker(candidate).get("abandoned"):
+        if not marker.get("abandoned"):
             folder = candidate
             break
     if folder is None:
@@ -450,13 +452,12 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
             f"{folder} is in use by {holder}: not resumed while that process writes it; "
             "stop it (by its PID) or let it end, then run the same command"
         ))  # fmt: skip
-    try:
-        document = json.loads((folder / "results.json").read_text())
-    except (OSError, ValueError) as err:
-        return _damaged(folder, f"results.json is unreadable ({err})", restart_damaged)
-    checked = read_document(folder / "results.json", spec.seed)  # as the report reads it
-    if run_status(checked) == INVALID:
-        return _damaged(folder, checked["run"]["error"], restart_damaged)
+    document = read_document(folder / "results.json", spec.seed)  # as the report reads it
+    if run_status(document) == UNREADABLE:
+        error = document["run"]["error"].removeprefix("results.json: ")
+        return _damaged(folder, f"results.json is unreadable ({error})", restart_damaged)
+    if run_status(document) == INVALID:
+        return _damaged(folder, document["run"]["error"], restart_damaged)
     status = run_status(document)
     if status in FINISHED:
         return Attempt()

@@ -288,6 +288,7 @@ def run_order(item: tuple[Path, dict[str, Any]]) -> tuple[str, str]:
 TOTALS = ("total_bytes_to_clients", "total_bytes_from_clients", "total_train_bytes_to_clients",
           "total_train_bytes_from_clients", "total_trained_parameters")  # fmt: skip
 INVALID = "invalid"
+UNREADABLE = "unreadable"
 
 
 def document_problem(document: Any) -> str | None:
@@ -331,7 +332,7 @@ def read_document(path: Path, seed: int | None = None) -> dict[str, Any]:
     try:
         document = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        return {"run": {"status": "unreadable", "error": f"{path.name}: {err}"}}
+        return {"run": {"status": UNREADABLE, "error": f"{path.name}: {err}"}}
     problem = document_problem(document)
     readable = not problem and run_status(document) in (*FINISHED, *UNFINISHED)
     recorded = document["config"].get("seed") if readable else seed
@@ -404,7 +405,7 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
         skipped += [
             Skipped(path, run_status(d), d["run"].get("error"))
             for path, d in runs
-            if run_status(d) in (INVALID, "unreadable")
+            if run_status(d) in (INVALID, UNREADABLE)
         ]
         path, document = kept[-1]
         results.append(
@@ -784,8 +785,8 @@ def log_ratio_lines(results: Sequence[RunResult]) -> dict[str, list[tuple[int, f
         label = cell.replace(CELL_SEPARATOR, " ")
         if several:
             names = sorted({r.experiment for r in runs})
-            common = names[0] if len(names) == 1 else os.path.commonprefix(names)
-            common = common if len(names) == 1 else common.rstrip("0123456789_")
+            common = (names[0] if len(names) == 1
+                      else os.path.commonprefix(names).rstrip("0123456789_"))  # fmt: skip
             label += f" ({common or ', '.join(names)})"
         while label in drawn:  # two settings of the same experiments: never merged
             label += "'"
