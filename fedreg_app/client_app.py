@@ -30,6 +30,7 @@ from fedreg_app.protocol import (
     COMPUTE_SECONDS,
     CONFIG,
     CPU_CAPABILITY,
+    DEVICE,
     DP_REFERENCE,
     GLOBAL_ARRAYS,
     HANDLER_SECONDS,
@@ -212,8 +213,14 @@ def reply(
     """A reply with the metrics (tagged with the partition and the time spent), where it
     ran, and any further records."""
     tagged = MetricRecord({**metrics, **seconds, PARTITION_ID: procedure.data.partition_id})
-    content = RecordDict({**records, METRICS: tagged, HOST: ConfigRecord(where_running())})
+    where = {**where_running(), DEVICE: device_name(procedure.device)}
+    content = RecordDict({**records, METRICS: tagged, HOST: ConfigRecord(where)})
     return Message(content, reply_to=msg)
+
+
+def device_name(device: torch.device) -> str:
+    """``cpu``, or the CUDA device's name: a GPU run's record shows its clients used it."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 @functools.cache

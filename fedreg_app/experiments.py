@@ -60,7 +60,13 @@ from typing import Any
 
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
 from fedreg_app.config import ConfigError, is_count, setting_differences
-from fedreg_app.launcher import LocalSuperLink, toml_value
+from fedreg_app.launcher import (
+    ONE_CPU,
+    ClientResources,
+    LocalSuperLink,
+    gpu_problem,
+    toml_value,
+)
 from fedreg_app.metrics import FAILED, first_line, kept_rounds_problem, mark_stopped
 from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
 from fedreg_app.persist import (
@@ -660,8 +666,10 @@ def run_all(
     poll_seconds: float = 5.0,
     limits: Limits | None = None,
     declared: dict[str, Any] | None = None,
+    resources: ClientResources = ONE_CPU,
 ) -> list[RunSpec]:
-    """Run what is not finished yet, one run at a time, through one SuperLink, resuming
+    """Run what is not finished yet, one run at a time, through one SuperLink (client
+    actors reserving ``resources``), resuming
     interrupted runs from their checkpoints; returns the runs that are still not finished
     (failed, not resumable, or no results.json). Raises :class:`Stop` when stopped early,
     after the SuperLink and everything it started are stopped."""
@@ -682,7 +690,7 @@ def run_all(
         return []
     session = Session(progress, limits, len(specs), poll_seconds, declared)
     try:
-        with LocalSuperLink(home) as superlink:
+        with LocalSuperLink(home, resources=resources) as superlink:
             try:
                 for index, spec in enumerate(pending, start=len(specs) - len(pending) + 1):
                     session.run(superlink, index, spec)
@@ -756,8 +764,9 @@ class Session:
                     last = rounds
                 if boundary is None and self.limits.time_up():
                     boundary = rounds  # stop once the round in progress is checkpointed
-                if boundary is not None and rounds > boundary:
+                if boundary is not None and boundary < rounds < spec.num_rounds:
                     raise Stop("stopped by --max-minutes", EXIT_TIME_UP)
+                # After the last round the run is ending: let it write ``completed``.
         finally:
             polling.close()  # ends `flwr run` at once, also when stopped mid-run
             config_file.unlink(missing_ok=True)
@@ -933,9 +942,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-damaged", action="store_true",
                         help="start runs whose checkpoint cannot be trusted anew, in a fresh "
                         "folder (default: name them and leave them alone)")  # fmt: skip
+    parser.add_argument("--client-cpus", type=int, default=1, metavar="N",
+                        help="CPUs Ray reserves for each client actor (default 1)")  # fmt: skip
+    parser.add_argument("--client-gpus", type=float, default=0.0, metavar="G",
+                        help="share of a GPU for each client actor, e.g. 0.1 for ten actors "
+                        "per GPU, each training on CUDA (default 0: CPUs only)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.max_minutes is not None and not args.max_minutes >= 0:
         parser.error(f"--max-minutes={args.max_minutes} is not allowed: expected >= 0")
+    resources = ClientResources(args.client_cpus, args.client_gpus)
+    if problem := resources.problem() or gpu_problem(resources, os.environ):
+        parser.error(problem)
 
     declared = declared_run_config()
     try:
@@ -952,7 +969,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(deadline, args.restart_damaged)
     try:
         with exclusive_out(args.out), stop_on_signals():
-            run_all(specs, args.out / ".flwr_home", limits=limits, declared=declared)
+            run_all(specs, args.out / ".flwr_home", limits=limits, declared=declared,
+                    resources=resources)  # fmt: skip
     except FolderInUseError as busy:
         print(f"fedreg-experiment: {busy}", file=sys.stderr, flush=True)
         return EXIT_BUSY

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -149,13 +151,66 @@ def _alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited; only its parent's wait is missing
 
 
+@dataclass(frozen=True)
+class ClientResources:
+    """What Ray reserves for each client actor. A ``gpus`` share below 1 lets actors share
+    a GPU (0.25: four actors on each GPU), and each of them trains on it (``device =
+    "auto"``); with ``gpus = 0`` Ray hides the GPUs from the actors."""
+
+    cpus: int = 1
+    gpus: float = 0.0
+
+    def problem(self) -> str | None:
+        """Why Ray would refuse these figures, naming the flag, or None."""
+        if isinstance(self.cpus, bool) or not isinstance(self.cpus, int) or self.cpus < 1:
+            return f"--client-cpus={self.cpus} is not allowed: expected a whole number >= 1"
+        if not 0 <= self.gpus < math.inf or (self.gpus > 1 and self.gpus != int(self.gpus)):
+            return (
+                f"--client-gpus={self.gpus} is not allowed: expected a share of one GPU "
+                "(0 < g <= 1, e.g. 0.1 for ten client actors per GPU), a whole number of "
+                "GPUs, or 0 (CPU only)"
+            )
+        return None
+
+    def federation_config(self, supernodes: int) -> str:
+        """The ``--federation-config`` of ``flwr run`` for ``supernodes`` clients."""
+        text = f"num-supernodes={supernodes} client-resources-num-cpus={self.cpus}"
+        return text + (f" client-resources-num-gpus={self.gpus:g}" if self.gpus else "")
+
+
+#: One CPU per client actor, no GPU: the default of the runner and of ``flwr run``.
+ONE_CPU = ClientResources()
+
+
+def gpu_problem(resources: ClientResources, env: dict[str, str] | os._Environ) -> str | None:
+    """Why actors asking for a GPU would wait for ever here: Ray would queue them on a
+    machine without one. A cluster named by ``RAY_ADDRESS`` has GPUs elsewhere: trusted."""
+    if not resources.gpus or env.get("RAY_ADDRESS"):
+        return None
+    import torch
+
+    if torch.cuda.device_count() == 0:
+        return (
+            f"--client-gpus={resources.gpus:g} asks for a GPU for each client, but torch "
+            f"{torch.__version__} sees no CUDA device on this machine (and RAY_ADDRESS names "
+            "no Ray cluster): leave --client-gpus out to train on the CPUs"
+        )
+    return None
+
+
 class LocalSuperLink:
-    """A simulation SuperLink on loopback for the duration of a ``with`` block."""
+    """A simulation SuperLink on loopback for the duration of a ``with`` block; ``resources``
+    are each client actor's unless a call names its own CPUs."""
 
     def __init__(
-        self, home: Path, app: Path = PROJECT, extra_env: dict[str, str] | None = None
+        self,
+        home: Path,
+        app: Path = PROJECT,
+        extra_env: dict[str, str] | None = None,
+        resources: ClientResources = ONE_CPU,
     ) -> None:
         self.home = home
+        self.resources = resources
         self.source = app  # ``flwr run`` gets a staged copy of it (see :func:`stage_app`)
         self.app = app
         self.http_port, self.control_port = free_port(), free_port()
@@ -228,18 +283,26 @@ class LocalSuperLink:
             self._log.close()
         self.process = None
 
-    def command(self, run_config: str, supernodes: int, cpus_per_client: int) -> list[str]:
+    def command(
+        self, run_config: str, supernodes: int, cpus_per_client: int | None = None
+    ) -> list[str]:
         """``flwr run <app> --stream`` as a user types it. ``run_config`` is
         ``"key=value ..."`` or the path of a TOML file."""
+        resources = self.resources
+        if cpus_per_client is not None:
+            resources = ClientResources(cpus_per_client, resources.gpus)
         return [
             str(BIN / "flwr"), "run", str(self.app), "--stream",
             "--run-config", run_config,
-            "--federation-config",
-            f"num-supernodes={supernodes} client-resources-num-cpus={cpus_per_client}",
+            "--federation-config", resources.federation_config(supernodes),
         ]  # fmt: skip
 
     def run(
-        self, run_config: str, supernodes: int, cpus_per_client: int = 1, timeout: float = 86400
+        self,
+        run_config: str,
+        supernodes: int,
+        cpus_per_client: int | None = None,
+        timeout: float = 86400,
     ) -> str:
         """Run to the end and return the streamed log. ``flwr run --stream`` exits 0 even
         when the run failed: read the results."""
@@ -255,7 +318,7 @@ class LocalSuperLink:
         supernodes: int,
         log_path: Path,
         poll_seconds: float = 5.0,
-        cpus_per_client: int = 1,
+        cpus_per_client: int | None = None,
     ) -> Iterator[None]:
         """Run with the log streamed to ``log_path``, yielding every ``poll_seconds``
         while the run goes on (for progress reports)."""

@@ -203,7 +203,7 @@ def test_replay_says_when_clients_trained_elsewhere(tmp_path: Path, capsys, monk
     assert f"cpu_capability {here!r} -> 'NEON'" in capsys.readouterr().out
 
 
-def test_a_run_records_its_environment_and_each_clients_torch_and_cpu_kind(
+def test_a_run_records_its_environment_and_each_clients_torch_cpu_kind_and_device(
     grey_dataset: Path, tmp_path: Path
 ) -> None:
     """The real ServerApp and ClientApp handlers, in this process: the results file says
@@ -222,3 +222,4 @@ def test_a_run_records_its_environment_and_each_clients_torch_and_cpu_kind(
     for host in round1["client_hosts"].values():
         assert host["torch"] == torch.__version__
         assert host["cpu-capability"] == HERE["cpu_capability"]
+        assert host["device"] == (HERE["cuda_device"] or "cpu")  # device "auto"

@@ -39,7 +39,7 @@ from fedreg_app.experiments import (
     write_marker,
     write_run_config,
 )
-from fedreg_app.launcher import kill_tree
+from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree
 from fedreg_app.metrics import BEST_OF
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
@@ -379,10 +379,12 @@ class FakeSuperLink:
     leave what the test says (a failed results.json, a degraded one, or nothing)."""
 
     started: list[str] = []
+    options: dict[str, Any] = {}  # what the runner built the SuperLink with
     outcome: dict[str, str] = {}  # seed folder name -> status written by the "run"
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, **options: Any) -> None:
         self.home = home
+        FakeSuperLink.options = options
 
     def __enter__(self) -> FakeSuperLink:
         return self
@@ -1008,3 +1010,98 @@ def test_sigterm_marks_the_run_stopped_and_exits_143(
     assert (run["status"], run["stopped"]["after_round"]) == ("stopped", 1)
     assert "stopped by SIGTERM; t3 fedreg seed 0 stopped after round 1/3" in err
     assert "Continue with the same command" in err
+
+
+def test_client_resources_become_flwr_runs_federation_config() -> None:
+    """A GPU share reaches ``flwr run`` as ``client-resources-num-gpus``; a call naming
+    its own CPUs (the benchmarks) keeps the SuperLink's GPU share."""
+    assert ClientResources().federation_config(50) == (
+        "num-supernodes=50 client-resources-num-cpus=1"
+    )
+    link = LocalSuperLink(Path("home"), resources=ClientResources(2, 0.1))
+    command = link.command("x=1", 50)
+    assert command[-1] == (
+        "num-supernodes=50 client-resources-num-cpus=2 client-resources-num-gpus=0.1"
+    )
+    assert link.command("x=1", 8, cpus_per_client=3)[-1] == (
+        "num-supernodes=8 client-resources-num-cpus=3 client-resources-num-gpus=0.1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--client-cpus", "0"], "--client-cpus=0"),
+        (["--client-gpus", "-0.5"], "--client-gpus=-0.5"),
+        (["--client-gpus", "1.5"], "--client-gpus=1.5"),
+        (["--client-gpus", "nan"], "--client-gpus=nan"),
+        (["--client-gpus", "inf"], "--client-gpus=inf"),
+    ],
+)
+def test_impossible_client_resources_are_refused_naming_the_flag(
+    tmp_path: Path, capsys, flags: list[str], named: str
+) -> None:
+    config = write(tmp_path / "t.toml", "[experiment]\nname = 't'\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as refused:
+        main([str(config), "--out", str(out), *flags])
+    assert refused.value.code == 2
+    assert f"{named} is not allowed" in capsys.readouterr().err
+    assert not out.exists()  # before any work
+
+
+def test_client_gpus_without_a_gpu_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Ray would queue actors that ask for a GPU for ever on a machine without one."""
+    import torch
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
+    config = write(tmp_path / "t.toml", "[experiment]\nname = 't'\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as refused:
+        main([str(config), "--out", str(out), "--client-gpus", "0.25"])
+    assert refused.value.code == 2
+    err = capsys.readouterr().err
+    assert "--client-gpus=0.25 asks for a GPU for each client" in err
+    assert "sees no CUDA device" in err
+    assert not out.exists()
+
+
+def test_client_gpus_reach_the_superlink_of_every_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ray cluster (``RAY_ADDRESS``) has its GPUs elsewhere: the share is passed on."""
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
+    monkeypatch.setattr(RoundsSuperLink, "configs", [])
+    config = write(tmp_path / "t.toml", "num-server-rounds = 1\n[experiment]\nname = 't'\n")
+    out = tmp_path / "out"
+    assert main([str(config), "--out", str(out), "--client-gpus", "0.25",
+                 "--client-cpus", "2"]) == 0  # fmt: skip
+    assert RoundsSuperLink.options["resources"] == ClientResources(2, 0.25)
+    assert len(RoundsSuperLink.configs) == 1
+
+
+def test_a_slice_ending_at_the_last_round_lets_the_run_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """On the GPU machine a slice's time ran out as the last round was checkpointed: the
+    runner stopped the run before it wrote ``completed``, and said no run had finished.
+    The last round's boundary is the run's end: the runner waits for it."""
+    config = write(tmp_path / "t2.toml", "num-server-rounds = 2\n[experiment]\nname = 't2'\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
+    monkeypatch.setattr(RoundsSuperLink, "configs", [])
+    command = [str(config), "--out", str(out), "--max-minutes", "0"]
+    assert main(command) == 3  # stopped after round 1 of 2
+    capsys.readouterr()
+    assert main(command) == 0  # round 2, the last: the run finishes
+    printed = capsys.readouterr()
+    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
+    folder = spec.folder / "run1"
+    assert json.loads((folder / "results.json").read_text())["run"]["status"] == "completed"
+    assert not read_marker(folder)
+    assert "done: t2 fedreg seed 0" in printed.out and "stopped" not in printed.err
