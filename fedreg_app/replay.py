@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -41,7 +42,7 @@ from fedreg_app.checkpoint import committed_round
 from fedreg_app.config import ConfigError
 from fedreg_app.environment import describe_environment, environment_note
 from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
-from fedreg_app.launcher import LocalSuperLink
+from fedreg_app.launcher import ONE_CPU, ClientResources, LocalSuperLink, gpu_problem
 from fedreg_app.metrics import first_line, round_problem
 from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
@@ -403,15 +404,51 @@ def client_environment_differences(first: Recording, second: Recording,
     ]
 
 
+def client_devices(rounds: list[dict[str, Any]], upto: int) -> set[str]:
+    """What the clients of rounds 1..``upto`` said they computed on (``cpu`` or a CUDA
+    device's name); records made before clients said it give none."""
+    return {
+        str(host["device"])
+        for record in rounds[:upto]
+        if isinstance(record.get("client_hosts"), dict)
+        for host in record["client_hosts"].values()
+        if isinstance(host, dict) and "device" in host
+    }
+
+
+def device_notes(recording: Recording, upto: int, resources: ClientResources) -> list[str]:
+    """A note where the record's clients computed on a GPU and this replay's will not
+    (or the other way round): kernels of another device round differently."""
+    gpus = sorted(d for d in client_devices(recording.rounds, upto) if d != "cpu")
+    if gpus and not resources.gpus:
+        return [
+            f"the record's clients of rounds 1..{upto} computed on {', '.join(gpus)}; "
+            "this replay's clients compute on the CPU: on a machine with that GPU, add "
+            "--client-gpus (e.g. 0.1) for bit-identical figures"
+        ]
+    if resources.gpus and "cpu" in client_devices(recording.rounds, upto):
+        return [
+            f"the record's clients of rounds 1..{upto} computed on the CPU; with "
+            "--client-gpus this replay's compute on the GPU, which rounds differently"
+        ]
+    return []
+
+
 # ------------------------------------------------------------------ running
 def run_until_round(
-    run_config: dict[str, Any], clients: int, rounds: int, folder: Path, poll_seconds: float = 0.5
+    run_config: dict[str, Any],
+    clients: int,
+    rounds: int,
+    folder: Path,
+    poll_seconds: float = 0.5,
+    resources: ClientResources = ONE_CPU,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Run the config in the simulation until round ``rounds`` is checkpointed (or the run
-    ends), then stop the SuperLink and everything it started, by PID. Returns the replay's
-    round records and its ``run`` section (empty if it wrote no results.json)."""
+    """Run the config in the simulation (client actors reserving ``resources``) until
+    round ``rounds`` is checkpointed (or the run ends), then stop the SuperLink and
+    everything it started, by PID. Returns the replay's round records and its ``run``
+    section (empty if it wrote no results.json)."""
     results_dir = Path(run_config["results-dir"])
-    with LocalSuperLink(folder / ".flwr_home") as superlink:
+    with LocalSuperLink(folder / ".flwr_home", resources=resources) as superlink:
         config_file = write_run_config(run_config, folder)
         polling = superlink.run_polling(str(config_file), clients, folder / "flwr.log",
                                         poll_seconds)  # fmt: skip
@@ -466,9 +503,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", type=Path, metavar="OTHER",
                         help="another recorded run of the same config (results.json or "
                         "its folder): compare the two, run nothing")  # fmt: skip
+    parser.add_argument("--client-gpus", type=float, default=0.0, metavar="G",
+                        help="share of a GPU for each client actor, for a record whose "
+                        "clients computed on a GPU (default 0: CPUs only)")  # fmt: skip
+    parser.add_argument("--client-cpus", type=int, default=1, metavar="N",
+                        help="CPUs Ray reserves for each client actor (default 1)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.against is not None:
         return compare_recordings(parser, args)
+    resources = ClientResources(args.client_cpus, args.client_gpus)
+    if problem := resources.problem() or gpu_problem(resources, os.environ):
+        parser.error(problem)
     if args.rounds is None:
         args.rounds = 3
     declared = declared_run_config()
@@ -491,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         *notes,
         *environment_notes(recording, here),
         *client_environment_notes(recording, args.rounds, here),
+        *device_notes(recording, args.rounds, resources),
     ]:
         print(f"replay: note: {note}", flush=True)
     print(
@@ -501,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         with stop_on_signals():
-            replayed, run = run_until_round(run_config, recording.num_clients, args.rounds, folder)
+            replayed, run = run_until_round(run_config, recording.num_clients, args.rounds,
+                                            folder, resources=resources)  # fmt: skip
     except Stop as stop:
         print(f"replay: {stop.reason}; the replay is in {folder}", file=sys.stderr)
         return stop.exit_code
@@ -512,9 +559,9 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
     """``--against``: the rounds of two recorded runs of one config, compared as a replay
     is (the first file plays the recorded run, ``OTHER`` the replayed one)."""
     try:
-        if args.set or args.out is not None:
-            raise ConfigError("--against compares two recorded runs; --set and --out do "
-                              "not apply (nothing is run)")  # fmt: skip
+        if args.set or args.out is not None or args.client_gpus:
+            raise ConfigError("--against compares two recorded runs; --set, --out and "
+                              "--client-gpus do not apply (nothing is run)")  # fmt: skip
         first, second = read_recording(args.results), read_recording(args.against)
         notes = check_same_run(first, second)
         for environment in attempt_environments(second):  # every attempt of the other

@@ -11,6 +11,7 @@ import pytest
 from fedreg_app import replay
 from fedreg_app.environment import describe_environment
 from fedreg_app.experiments import main as run_experiment
+from fedreg_app.launcher import ClientResources
 from fedreg_app.overrides import declared_run_config
 from fedreg_app.replay import (
     Recording,
@@ -236,7 +237,7 @@ def test_a_real_run_replays_identically_and_a_tampered_record_does_not(
     copy.parent.mkdir()
     copy.write_text(json.dumps(tampered))
     # The same machinery again would replay the same rounds: reuse them (saves a run).
-    monkeypatch.setattr(replay, "run_until_round", lambda *_: (rounds, {"status": "running"}))
+    monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: (rounds, {"status": "running"}))
     assert main([str(copy), "--rounds", "2", "--out", str(tmp_path / "again")]) == 1
     printed = capsys.readouterr().out
     assert "| 2 | global_accuracy |" in printed
@@ -263,7 +264,7 @@ def test_against_compares_every_round_both_record_without_running(
 ) -> None:
     """Two recordings of one config, the second longer and written elsewhere: the rounds
     both hold are compared, nothing is run, exit 0 with the summary line."""
-    monkeypatch.setattr(replay, "run_until_round", lambda *_: pytest.fail("ran something"))
+    monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: pytest.fail("ran something"))
     first = results_file(tmp_path, rounds=3, **{"results-dir": "/a", "state-dir": "/a/s"})
     other = second_file(tmp_path, rounds=5, **{"results-dir": "/b", "resume": "/b/run"})
     assert main([str(first), "--against", str(other.parent)]) == 0
@@ -304,9 +305,11 @@ def test_against_refuses_another_number_of_clients_set_and_out(tmp_path: Path, c
     other.write_text(json.dumps(document))
     err = error_of([str(first), "--against", str(other)], capsys)
     assert "run.num_clients differs: 4 in" in err
-    for extra in (["--set", "dataset-path=/x"], ["--out", str(tmp_path / "o")]):
+    extras = (["--set", "dataset-path=/x"], ["--out", str(tmp_path / "o")],
+              ["--client-gpus", "0.5"])  # fmt: skip
+    for extra in extras:
         err = error_of([str(first), "--against", str(first), *extra], capsys)
-        assert "--set and --out do not apply" in err
+        assert "--set, --out and --client-gpus do not apply" in err
 
 
 def test_against_notes_keys_only_one_run_records(tmp_path: Path, capsys) -> None:
@@ -322,3 +325,65 @@ def test_against_notes_keys_only_one_run_records(tmp_path: Path, capsys) -> None
     empty = results_file(tmp_path / "empty", rounds=0)
     err = error_of([str(first), "--against", str(empty)], capsys)
     assert f"{empty.resolve()} records no round yet" in err
+
+
+# ------------------------------------------------------------ GPU records
+def with_devices(path: Path, device: str) -> Path:
+    """The record's clients said they computed on ``device`` in every round."""
+    document = json.loads(path.read_text())
+    for record in document["rounds"]:
+        record["client_hosts"] = {"0": {"torch": "2.11.0", "device": device}}
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_a_gpu_record_replayed_on_cpus_says_how_to_replay_it_on_the_gpu(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A record made with --client-gpus (client_hosts: "NVIDIA H200") replayed without it:
+    the clients compute on the CPU here, and the note says what to add."""
+    source = with_devices(results_file(tmp_path), "NVIDIA H200")
+    rounds = json.loads(source.read_text())["rounds"]
+    given: dict[str, Any] = {}
+
+    def fake_run(*args: Any, **options: Any) -> tuple[list, dict]:
+        given.update(options)
+        return rounds, {"status": "running"}
+
+    monkeypatch.setattr(replay, "run_until_round", fake_run)
+    assert main([str(source), "--rounds", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "clients of rounds 1..2 computed on NVIDIA H200" in printed
+    assert "add --client-gpus (e.g. 0.1)" in printed
+    assert given["resources"] == ClientResources()
+    # On a Ray cluster with GPUs (RAY_ADDRESS): the share reaches the simulation, no note.
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert main([str(source), "--rounds", "2", "--client-gpus", "0.25"]) == 0
+    assert "computed on NVIDIA H200" not in capsys.readouterr().out
+    assert given["resources"] == ClientResources(1, 0.25)
+
+
+def test_client_gpus_on_a_record_made_on_cpus_is_noted(tmp_path: Path) -> None:
+    recording = read_recording(with_devices(results_file(tmp_path), "cpu"))
+    [note] = replay.device_notes(recording, 2, ClientResources(1, 0.5))
+    assert "computed on the CPU; with --client-gpus" in note
+    assert replay.device_notes(recording, 2, ClientResources()) == []
+    (tmp_path / "old").mkdir()
+    said_nothing = read_recording(results_file(tmp_path / "old"))  # made before `device`
+    assert replay.device_notes(said_nothing, 2, ClientResources(1, 0.5)) == []
+
+
+def test_replay_refuses_client_gpus_without_a_gpu_before_running(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    import torch
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: pytest.fail("ran"))
+    source = with_devices(results_file(tmp_path), "NVIDIA H200")
+    err = error_of([str(source), "--client-gpus", "0.1"], capsys)
+    assert "--client-gpus=0.1 asks for a GPU for each client" in err
+    assert "--client-gpus=2.5 is not allowed" in error_of(
+        [str(source), "--client-gpus", "2.5"], capsys
+    )
