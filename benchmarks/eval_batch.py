@@ -7,6 +7,12 @@ machine that drifts slows every size alike; the figure is each size's median tim
 against 512's.
 
     python benchmarks/eval_batch.py --threads 1
+
+``--pool``: the models with 2x2 max-pooling, evaluated with this project's pooling layer
+(``MaxPool2x2``) and with ``torch.nn.MaxPool2d`` in its place, timed in turns at the CPU's
+default batch; the logits must be bit-identical.
+
+    python benchmarks/eval_batch.py --pool --threads 1
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import time
 import torch
 
 from fedreg_app.data import TEXT, DatasetInfo
-from fedreg_app.models import build_model
+from fedreg_app.models import MaxPool2x2, build_model
+from fedreg_app.training import CPU_EVAL_BATCH_PER_THREAD
 
 CASES = [  # (model, input shape and classes, samples)
     ("cnn", DatasetInfo(10, 1, 28, 28), 2048),
@@ -62,12 +69,69 @@ def measure(name: str, info: DatasetInfo, n: int, repeats: int) -> tuple[dict, f
     return {size: medians[512] / medians[size] for size in SIZES}, max_diff, flipped
 
 
+def with_torchs_pool(model: torch.nn.Module) -> torch.nn.Module:
+    """The model with ``torch.nn.MaxPool2d(2)`` where it has :class:`MaxPool2x2`."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, MaxPool2x2):
+            parent, child = name.rsplit(".", 1)
+            setattr(model.get_submodule(parent), child, torch.nn.MaxPool2d(2))
+    return model
+
+
+def measure_pool(name: str, info: DatasetInfo, n: int, repeats: int, size: int) -> tuple:
+    """Our pooling's speed-up over torch's (median of the turns), and whether the logits
+    are bit-identical."""
+    ours = build_model(info, 1, seed=0, model=name).eval()
+    reference = with_torchs_pool(build_model(info, 1, seed=0, model=name).eval())
+    x = inputs(info, n)
+    identical = torch.equal(forward(ours, x, size), forward(reference, x, size))
+    seconds: dict[str, list[float]] = {"torch": [], "ours": []}
+    for _ in range(repeats):
+        for label, model in (("torch", reference), ("ours", ours)):
+            start = time.perf_counter()
+            forward(model, x, size)
+            seconds[label].append(time.perf_counter() - start)
+    medians = {label: statistics.median(times) for label, times in seconds.items()}
+    return medians["torch"] / medians["ours"], medians, identical
+
+
+def pool_main(args: argparse.Namespace) -> None:
+    size = CPU_EVAL_BATCH_PER_THREAD * args.threads
+    summary, all_identical = [], True
+    for name, info, n in CASES:
+        if name not in POOLED:
+            continue
+        speedup, medians, identical = measure_pool(name, info, n, args.repeats, size)
+        shape = f"{info.channels}x{info.height}x{info.width}"
+        print(
+            f"{name:9s} {shape:8s} b{size}: torch's MaxPool2d {medians['torch'] * 1e3:.0f} ms, "
+            f"MaxPool2x2 {medians['ours'] * 1e3:.0f} ms, {speedup:.2f}x, "
+            f"logits bit-identical: {identical}",
+            flush=True,
+        )
+        summary.append(f"{name}_{shape}={speedup:.2f}x")
+        all_identical &= identical
+    print(
+        f"eval_batch: pool threads={args.threads} repeats={args.repeats} batch={size} "
+        + " ".join(summary)
+        + f" identical={all_identical}"
+    )
+
+
+POOLED = ("cnn", "fedavgcnn", "convnet")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pool", action="store_true",
+                        help="our pooling layer against torch's, in turns")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.pool:
+        pool_main(args)
+        return
     summary = []
     worst = 0.0
     for name, info, n in CASES:

@@ -103,12 +103,31 @@ class SplitModel(nn.Module):
         return [name for name, _ in self.named_parameters() if group_of(name) in groups]
 
 
+class MaxPool2x2(nn.MaxPool2d):
+    """``nn.MaxPool2d(2)``, whose inference on the CPU takes the elementwise maximum of
+    the window's four strided views. A maximum rounds nothing and propagates NaN as
+    max_pool2d does, so the outputs are the same values and the predictions the same
+    bit for bit. PyTorch's NCHW CPU kernel took longer than the convolution before it
+    here (``benchmarks/eval_batch.py --pool``). A forward that autograd records (training)
+    keeps max_pool2d, whose backward every recorded run was trained with."""
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or (x.requires_grad and torch.is_grad_enabled()):
+            return super().forward(x)
+        x = x[..., : x.shape[-2] // 2 * 2, : x.shape[-1] // 2 * 2]  # floor mode drops a tail
+        top = torch.maximum(x[..., 0::2, 0::2], x[..., 0::2, 1::2])
+        return torch.maximum(top, torch.maximum(x[..., 1::2, 0::2], x[..., 1::2, 1::2]))
+
+
 def convnet_layers(info: DatasetInfo) -> list[nn.Module]:
     """The FedDyn/FedRoD ConvNet (paper Section 4.1), as a flat list of layers."""
     flat = 64 * _conv_out(info.height) * _conv_out(info.width)
     return [
-        nn.Conv2d(info.channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(info.channels, 64, 5), nn.ReLU(), MaxPool2x2(),
+        nn.Conv2d(64, 64, 5), nn.ReLU(), MaxPool2x2(),
         nn.Flatten(),
         nn.Linear(flat, 384), nn.ReLU(),
         nn.Linear(384, 192), nn.ReLU(),
@@ -146,8 +165,8 @@ def two_conv_cnn(info: DatasetInfo, padding: int) -> list[nn.Module]:
     side = (lambda n: n // 4) if padding else _conv_out
     flat = 64 * side(info.height) * side(info.width)
     return [
-        nn.Conv2d(info.channels, 32, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 5, padding=padding), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(info.channels, 32, 5, padding=padding), nn.ReLU(), MaxPool2x2(),
+        nn.Conv2d(32, 64, 5, padding=padding), nn.ReLU(), MaxPool2x2(),
         nn.Flatten(),
         nn.Linear(flat, 512), nn.ReLU(),
         nn.Linear(512, info.num_classes),

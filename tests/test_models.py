@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedreg_app.data import DatasetInfo
-from fedreg_app.models import BASE, HEAD_G, HEAD_P, build_model, group_of
+from fedreg_app.models import BASE, HEAD_G, HEAD_P, MaxPool2x2, build_model, group_of
 from fedreg_app.registry import load_config
 
 
@@ -218,3 +218,52 @@ def test_fedavgcnn_head_depths_1_and_2_and_config() -> None:
     with pytest.raises(ValueError, match="head-depth=3 is not allowed: expected 1..2"):
         build_model(info, 3, 0, model="fedavgcnn")
     assert load_config({"model": "fedavgcnn", "head-depth": 1}).model == "fedavgcnn"
+
+
+def pooled_inputs() -> list[torch.Tensor]:
+    """Ties (ReLU's zeros), NaN, infinities, and odd sizes that floor mode crops."""
+    generator = torch.Generator().manual_seed(0)
+    even = torch.randn(3, 4, 8, 6, generator=generator).clamp(min=0)
+    special = even.clone()
+    special[0, 0, 0, 0], special[0, 1, 2, 3] = float("nan"), float("inf")
+    special[1, 2, 4, 4] = float("-inf")
+    odd = torch.randn(2, 3, 7, 5, generator=generator)
+    return [even, special, odd, torch.zeros(1, 1, 2, 2)]
+
+
+@pytest.mark.parametrize("x", pooled_inputs())
+def test_max_pool_2x2_infers_what_max_pool2d_gives(x: torch.Tensor) -> None:
+    expected = torch.nn.functional.max_pool2d(x, 2)
+    for context in (torch.inference_mode, torch.no_grad):
+        with context():
+            torch.testing.assert_close(MaxPool2x2()(x), expected, rtol=0, atol=0,
+                                       equal_nan=True)  # fmt: skip
+
+
+def test_max_pool_2x2_trains_with_max_pool2d_and_its_gradients() -> None:
+    """Under autograd it is max_pool2d: the gradient of a tied window goes to its first
+    element, as in every recorded run."""
+    for x in pooled_inputs():
+        ours, reference = x.clone().requires_grad_(), x.clone().requires_grad_()
+        MaxPool2x2()(ours).nan_to_num(0, 0, 0).sum().backward()
+        torch.nn.MaxPool2d(2)(reference).nan_to_num(0, 0, 0).sum().backward()
+        assert torch.equal(ours.grad, reference.grad)
+
+
+@pytest.mark.parametrize(("model", "channels", "size"),
+                         [("convnet", 1, 28), ("convnet", 3, 32), ("cnn", 1, 28),
+                          ("fedavgcnn", 3, 32)])  # fmt: skip
+def test_pooled_models_evaluate_as_with_torchs_max_pool(model: str, channels: int,
+                                                         size: int) -> None:  # fmt: skip
+    """The logits of a whole model are bit-identical with torch's pooling layer in place
+    of ours: every recorded accuracy stays what it was."""
+    ours = build_model(DatasetInfo(10, channels, size, size), 2, seed=3, model=model).eval()
+    reference = build_model(DatasetInfo(10, channels, size, size), 2, seed=3, model=model)
+    pools = [(n, m) for n, m in reference.named_modules() if isinstance(m, MaxPool2x2)]
+    assert len(pools) == 2
+    for name, _ in pools:
+        parent, child = name.rsplit(".", 1)
+        setattr(reference.get_submodule(parent), child, torch.nn.MaxPool2d(2))
+    x = torch.randn(64, channels, size, size, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        assert torch.equal(ours(x), reference.eval()(x))
