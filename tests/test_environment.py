@@ -124,7 +124,7 @@ def test_replay_says_when_the_record_was_made_elsewhere(
     """Same rounds replayed (exit 0) in three cases: the note appears only where the
     recorded environment differs or is missing, and names the first attempt or the resume."""
     rounds = [round_record(1), round_record(2)]
-    monkeypatch.setattr(replay, "run_until_round", lambda *_: (rounds, {"status": "running"}))
+    monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: (rounds, {"status": "running"}))
     same = write_record(tmp_path / "same", {"environment": HERE})
     assert main([str(same), "--rounds", "2", "--out", str(tmp_path / "r1")]) == 0
     assert "environment" not in capsys.readouterr().out
@@ -159,7 +159,7 @@ def test_replay_says_when_clients_trained_elsewhere(tmp_path: Path, capsys, monk
     rounds, none when every client ran as this machine does, and a later round's device
     is not counted for a replay of round 1."""
     rounds = [round_record(1), round_record(2)]
-    monkeypatch.setattr(replay, "run_until_round", lambda *_: (rounds, {"status": "running"}))
+    monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: (rounds, {"status": "running"}))
     here = HERE["cpu_capability"]
 
     def record(name: str, first: dict[int, str], second: dict[int, str]) -> Path:
