@@ -668,11 +668,11 @@ def run_all(
     declared: dict[str, Any] | None = None,
     resources: ClientResources = ONE_CPU,
 ) -> list[RunSpec]:
-    """Run what is not finished yet, one run at a time, through one SuperLink (client
-    actors reserving ``resources``), resuming
-    interrupted runs from their checkpoints; returns the runs that are still not finished
-    (failed, not resumable, or no results.json). Raises :class:`Stop` when stopped early,
-    after the SuperLink and everything it started are stopped."""
+    """Run what is not finished yet, one run at a time, through one SuperLink (each client
+    actor reserving ``resources``), resuming interrupted runs from their checkpoints;
+    returns the runs that are still not finished (failed, not resumable, or no
+    results.json). Raises :class:`Stop` when stopped early, after the SuperLink and
+    everything it started are stopped."""
     limits = limits or Limits()
     declared = declared if declared is not None else declared_run_config()
     progress = Progress(specs)

@@ -178,7 +178,7 @@ class ClientResources:
         return text + (f" client-resources-num-gpus={self.gpus:g}" if self.gpus else "")
 
 
-#: One CPU per client actor, no GPU: the default of the runner and of ``flwr run``.
+#: One CPU per client actor, no GPU: the runner's default (``flwr run``'s own is two CPUs).
 ONE_CPU = ClientResources()
 
 
@@ -189,11 +189,17 @@ def gpu_problem(resources: ClientResources, env: dict[str, str] | os._Environ) -
         return None
     import torch
 
-    if torch.cuda.device_count() == 0:
+    present = torch.cuda.device_count()
+    if present == 0:
         return (
             f"--client-gpus={resources.gpus:g} asks for a GPU for each client, but torch "
             f"{torch.__version__} sees no CUDA device on this machine (and RAY_ADDRESS names "
             "no Ray cluster): leave --client-gpus out to train on the CPUs"
+        )
+    if resources.gpus > present:
+        return (
+            f"--client-gpus={resources.gpus:g} asks for more GPUs for each client than this "
+            f"machine has ({present}): no client could start"
         )
     return None
 

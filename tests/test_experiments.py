@@ -1068,6 +1068,11 @@ def test_client_gpus_without_a_gpu_is_refused_before_any_work(
     assert "--client-gpus=0.25 asks for a GPU for each client" in err
     assert "sees no CUDA device" in err
     assert not out.exists()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU, two asked for
+    with pytest.raises(SystemExit):
+        main([str(config), "--out", str(out), "--client-gpus", "2"])
+    assert "more GPUs for each client than this machine has (1)" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_client_gpus_reach_the_superlink_of_every_run(
