@@ -64,7 +64,8 @@ from fedreg_app.launcher import (
     ONE_CPU,
     ClientResources,
     LocalSuperLink,
-    gpu_problem,
+    add_resource_arguments,
+    resources_of,
     toml_value,
 )
 from fedreg_app.metrics import FAILED, first_line, kept_rounds_problem, mark_stopped
@@ -440,7 +441,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     does a run whose config changed since. A checkpoint, ``results.json`` or client state
     that cannot be trusted stops the run from going on: reported, and started anew in a
     fresh folder only with ``restart_damaged`` (the damaged folder is kept, marked)."""
-    folder = None
+    folder, marker = None, {}
     for candidate in reversed(spec.run_folders()):  # the newest not abandoned
         if not state_path(candidate).exists():
             continue
@@ -459,15 +460,15 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
             "stop it (by its PID) or let it end, then run the same command"
         ))  # fmt: skip
     document = read_document(folder / "results.json", spec.seed)  # as the report reads it
-    if run_status(document) == UNREADABLE:
+    status = run_status(document)
+    if status == UNREADABLE:
         error = document["run"]["error"].removeprefix("results.json: ")
         return _damaged(folder, f"results.json is unreadable ({error})", restart_damaged)
-    if run_status(document) == INVALID:
+    if status == INVALID:
         return _damaged(folder, document["run"]["error"], restart_damaged)
-    status = run_status(document)
     if status in FINISHED:
         return Attempt()
-    if status == FAILED and not read_marker(folder).get("stopped"):
+    if status == FAILED and not marker.get("stopped"):
         error = first_line(str(document.get("run", {}).get("error", "")))
         return Attempt(note=f"{folder} failed ({error}); starting the run anew")
     try:
@@ -942,17 +943,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restart-damaged", action="store_true",
                         help="start runs whose checkpoint cannot be trusted anew, in a fresh "
                         "folder (default: name them and leave them alone)")  # fmt: skip
-    parser.add_argument("--client-cpus", type=int, default=1, metavar="N",
-                        help="CPUs Ray reserves for each client actor (default 1)")  # fmt: skip
-    parser.add_argument("--client-gpus", type=float, default=0.0, metavar="G",
-                        help="share of a GPU for each client actor, e.g. 0.1 for ten actors "
-                        "per GPU, each training on CUDA (default 0: CPUs only)")  # fmt: skip
+    add_resource_arguments(parser)
     args = parser.parse_args(argv)
     if args.max_minutes is not None and not args.max_minutes >= 0:
         parser.error(f"--max-minutes={args.max_minutes} is not allowed: expected >= 0")
-    resources = ClientResources(args.client_cpus, args.client_gpus)
-    if problem := resources.problem() or gpu_problem(resources, os.environ):
-        parser.error(problem)
+    resources = resources_of(args, parser)
 
     declared = declared_run_config()
     try:

@@ -8,6 +8,7 @@ Used by the experiment runner and by the end-to-end tests.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -202,6 +203,24 @@ def gpu_problem(resources: ClientResources, env: dict[str, str] | os._Environ) -
             f"machine has ({present}): no client could start"
         )
     return None
+
+
+def add_resource_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--client-cpus`` and ``--client-gpus``, as the runner and the replay take them."""
+    parser.add_argument("--client-cpus", type=int, default=1, metavar="N",
+                        help="CPUs Ray reserves for each client actor (default 1)")  # fmt: skip
+    parser.add_argument("--client-gpus", type=float, default=0.0, metavar="G",
+                        help="share of a GPU for each client actor, e.g. 0.1 for ten actors "
+                        "per GPU, each training on CUDA (default 0: CPUs only)")  # fmt: skip
+
+
+def resources_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> ClientResources:
+    """The client resources the flags ask for; a parser error (exit 2) before any work
+    where Ray would refuse them or wait for ever."""
+    resources = ClientResources(args.client_cpus, args.client_gpus)
+    if problem := resources.problem() or gpu_problem(resources, os.environ):
+        parser.error(problem)
+    return resources
 
 
 class LocalSuperLink:

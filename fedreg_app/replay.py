@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -42,7 +41,13 @@ from fedreg_app.checkpoint import committed_round
 from fedreg_app.config import ConfigError
 from fedreg_app.environment import describe_environment, environment_note
 from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
-from fedreg_app.launcher import ONE_CPU, ClientResources, LocalSuperLink, gpu_problem
+from fedreg_app.launcher import (
+    ONE_CPU,
+    ClientResources,
+    LocalSuperLink,
+    add_resource_arguments,
+    resources_of,
+)
 from fedreg_app.metrics import first_line, round_problem
 from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
@@ -419,14 +424,15 @@ def client_devices(rounds: list[dict[str, Any]], upto: int) -> set[str]:
 def device_notes(recording: Recording, upto: int, resources: ClientResources) -> list[str]:
     """A note where the record's clients computed on a GPU and this replay's will not
     (or the other way round): kernels of another device round differently."""
-    gpus = sorted(d for d in client_devices(recording.rounds, upto) if d != "cpu")
+    devices = client_devices(recording.rounds, upto)
+    gpus = sorted(d for d in devices if d != "cpu")
     if gpus and not resources.gpus:
         return [
             f"the record's clients of rounds 1..{upto} computed on {', '.join(gpus)}; "
             "this replay's clients compute on the CPU: on a machine with that GPU, add "
             "--client-gpus (e.g. 0.1) for bit-identical figures"
         ]
-    if resources.gpus and "cpu" in client_devices(recording.rounds, upto):
+    if resources.gpus and "cpu" in devices:
         return [
             f"the record's clients of rounds 1..{upto} computed on the CPU; with "
             "--client-gpus this replay's compute on the GPU, which rounds differently"
@@ -503,17 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", type=Path, metavar="OTHER",
                         help="another recorded run of the same config (results.json or "
                         "its folder): compare the two, run nothing")  # fmt: skip
-    parser.add_argument("--client-gpus", type=float, default=0.0, metavar="G",
-                        help="share of a GPU for each client actor, for a record whose "
-                        "clients computed on a GPU (default 0: CPUs only)")  # fmt: skip
-    parser.add_argument("--client-cpus", type=int, default=1, metavar="N",
-                        help="CPUs Ray reserves for each client actor (default 1)")  # fmt: skip
+    add_resource_arguments(parser)  # a record whose clients computed on a GPU needs one
     args = parser.parse_args(argv)
     if args.against is not None:
         return compare_recordings(parser, args)
-    resources = ClientResources(args.client_cpus, args.client_gpus)
-    if problem := resources.problem() or gpu_problem(resources, os.environ):
-        parser.error(problem)
+    resources = resources_of(args, parser)
     if args.rounds is None:
         args.rounds = 3
     declared = declared_run_config()
