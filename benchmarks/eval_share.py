@@ -10,7 +10,10 @@ interleaved (before, now, before) so that a drifting machine shows:
 
 Each run: ``flwr run`` in Flower's simulation, every round evaluated (``eval-every=1``),
 all clients evaluated. From ``results.json``: evaluation seconds over the round's seconds,
-rounds 2..N (round 1 decodes the data), and whether the accuracies agree exactly.
+rounds 2..N (round 1 decodes the data), and whether the accuracies agree exactly. Beside
+the wall-clock share, the *compute share*: the clients' evaluation work over all their work
+(``eval_compute_seconds`` over ``client_compute_seconds``, summed over the same rounds),
+what the share would be if messages, process set-up and idle actors cost nothing.
 
     python benchmarks/eval_share.py --dataset-path ../shared/data/fashion_mnist \\
         --algos fedavg,fedreg --clients 20 --rounds 5 --data-fraction 0.25 \\
@@ -64,6 +67,13 @@ def share(document: dict[str, Any]) -> tuple[float, float, float]:
     return evaluate / (train + evaluate), (train + evaluate) / len(rounds), evaluate / len(rounds)
 
 
+def compute_share(document: dict[str, Any]) -> float:
+    """The clients' evaluation work over all their work, rounds 2..N."""
+    rounds = document["rounds"][1:]
+    evaluate = sum(r.get("eval_compute_seconds", 0.0) for r in rounds)
+    return evaluate / sum(r["client_compute_seconds"] for r in rounds)
+
+
 def accuracies(document: dict[str, Any]) -> list[tuple]:
     return [(r["global_accuracy"], r["personal_accuracy"]) for r in document["rounds"]]
 
@@ -91,14 +101,17 @@ def measure(args: argparse.Namespace, tmp: Path) -> list[str]:
         documents = [(way, run_once(args, algo, way, tmp)) for way in (before, now, before)]
         for way, document in documents:
             fraction, per_round, evaluating = share(document)
-            print(f"{algo:8s} {args.compare}={way:7s} eval share {100 * fraction:5.1f}% | "
+            print(f"{algo:8s} {args.compare}={way:7s} eval share {100 * fraction:5.1f}% "
+                  f"(compute share {100 * compute_share(document):5.1f}%) | "
                   f"{per_round:6.1f} s/round, {evaluating:5.1f} s evaluating",
                   flush=True)  # fmt: skip
         same = all(accuracies(d) == accuracies(documents[0][1]) for _, d in documents)
         shares = {way: [share(d)[0] for w, d in documents if w == way] for way in (before, now)}
         summary.append(
             f"{algo}_{before}={100 * statistics.mean(shares[before]):.1f}% "
-            f"{algo}_{now}={100 * shares[now][0]:.1f}% {algo}_identical={same}"
+            f"{algo}_{now}={100 * shares[now][0]:.1f}% "
+            f"{algo}_{now}_compute={100 * compute_share(documents[1][1]):.1f}% "
+            f"{algo}_identical={same}"
         )
     return summary
 

@@ -45,6 +45,7 @@ CSV_COLUMNS = (
     "bytes_from_clients",
     "client_compute_seconds",
     "client_handler_seconds",
+    "eval_compute_seconds",
     "server_eval_seconds",
     "train_replies",
     "train_failures",
@@ -88,6 +89,9 @@ class RoundRecord:
     train_bytes_from_clients: int = 0
     client_compute_seconds: float = 0.0
     client_handler_seconds: float = 0.0
+    #: The evaluation phase's part of ``client_compute_seconds`` (the rest is training):
+    #: the floor under ``eval_seconds`` that faster messaging cannot lower.
+    eval_compute_seconds: float = 0.0
     #: The slowest client handler of the training phase plus that of the evaluation
     #: phase: a phase's wall time beyond it is transport (and, deployed, process start).
     slowest_handlers_seconds: float = 0.0

@@ -674,6 +674,79 @@ def cost_table(results: Sequence[RunResult]) -> str:
     return footnotes("\n".join(lines))
 
 
+# ------------------------------------------------------------------- provenance
+def _environments(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The environments a run's attempts recorded: the first's, then each resume's."""
+    attempts = [run.get("environment"), *(r.get("environment") for r in run.get("resumed", []))]
+    return [e for e in attempts if isinstance(e, dict)]
+
+
+def _distinct(values: Sequence[str]) -> str:
+    """The values once each, in order, joined by `` + `` ("–" if none)."""
+    return " + ".join(dict.fromkeys(v for v in values if v)) or "–"
+
+
+def _where(document: dict[str, Any]) -> str:
+    """The machines that made a run: each attempt's CPU (and its vector capability), and
+    the devices its clients trained on where they named one other than the CPU."""
+    environments = _environments(document.get("run", {}))
+    machines = [f"{e.get('cpu', '?')} ({e.get('cpu_capability', '?')})" for e in environments]
+    devices = {
+        str(host["device"])
+        for record in document.get("rounds", [])
+        for host in (record.get("client_hosts") or {}).values()
+        if isinstance(host, dict) and host.get("device") not in (None, "cpu")
+    }
+    where = _distinct(machines) if machines else "not recorded"
+    return where + (f"; clients on {', '.join(sorted(devices))}" if devices else "")
+
+
+def _attempts(run: dict[str, Any]) -> str:
+    """``1``, or the attempts with the rounds each resume continued after."""
+    resumed = run.get("resumed", [])
+    if not resumed:
+        return "1"
+    after = ", ".join(str(r.get("after_round", "?")) for r in resumed)
+    return f"{1 + len(resumed)} (resumed after {after})"
+
+
+def _best_with_round(run: RunResult, metric: str) -> str:
+    """The best per-round figure in percent and the first round that reached it."""
+    rounds, values = run.series(metric)
+    if not values:
+        return "–"
+    best = max(values)
+    return f"{100 * best:.2f} (r{rounds[values.index(best)]})"
+
+
+def provenance_table(results: Sequence[RunResult]) -> str:
+    """One line per run: how it ran (status, rounds, attempts, the machines, software and
+    code of every attempt, seconds a round, failed replies) beside its best figures with
+    their rounds, so that a published figure can be traced to what made it."""
+    header = ["experiment", "cell", "seed", "status", "rounds", "attempts", "machine",
+              "torch / flwr", "code", "s/round (median)", "failed replies", "best G (round)",
+              "best P (round)", "started"]  # fmt: skip
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in sorted(results, key=lambda r: (r.experiment, r.cell, r.seed)):
+        document, info = run.document, run.document.get("run", {})
+        environments = _environments(info)
+        rounds = document.get("rounds", [])
+        seconds = [r["train_seconds"] + r["eval_seconds"] for r in rounds]
+        failures = sum(r.get("train_failures", 0) + r.get("eval_failures", 0) for r in rounds)
+        software = _distinct([f"{e.get('torch')} / {e.get('flwr')}" for e in environments])
+        cells = [
+            run.experiment, run.cell.replace(CELL_SEPARATOR, " "), str(run.seed),
+            run_status(document) or "–", run.progress, _attempts(info), _where(document),
+            software, _distinct([str(e.get("code") or "") for e in environments]),
+            f"{statistics.median(seconds):.1f}" if seconds else "–", str(failures),
+            _best_with_round(run, "global_accuracy"),
+            _best_with_round(run, "personal_accuracy"),
+            str(info.get("started", "–"))[:10],
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------ plots
 def _mean_band(
     runs: Sequence[RunResult], metric: str, answered: bool = False
@@ -886,13 +959,14 @@ def write_report(
             + (f"\n{skipped}" if skipped else "")
         )
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "table.md", out / "costs.md"]
+    written = [out / "table.md", out / "costs.md", out / "runs.md"]
     table = paper_table(results, personal)
     progress = collection.unfinished_note()
     compared = [paper_comparison(results, paper, personal) for paper in papers]
     parts = [table, differing_settings(results), *compared, progress, skipped]
     written[0].write_text("\n\n".join(filter(None, parts)) + "\n")
     written[1].write_text(cost_table(results) + "\n")
+    written[2].write_text(provenance_table(results) + "\n")
     published = {paper.experiment: paper for paper in papers}
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"

@@ -579,6 +579,7 @@ def round_record(
         train_bytes_from_clients=training.bytes_received,
         client_compute_seconds=client_seconds(COMPUTE_SECONDS),
         client_handler_seconds=client_seconds(HANDLER_SECONDS),
+        eval_compute_seconds=round(float(personal.get(COMPUTE_SECONDS, 0.0)), 3),
         slowest_handlers_seconds=round(slowest(train_replies) + slowest(eval_metrics), 3),
         server_eval_seconds=round(evaluation.server_seconds, 3),
         sampled_clients=list(strategy.last_sampled),

@@ -77,11 +77,16 @@ def check_costs(algo: str, rounds: list[dict]) -> None:
     FedBABU send exactly what they should: 2 sampled clients train, all 4 evaluate in
     round 2, and an evaluation message carries the whole global model (what the client
     uses, plus the rest for evaluating the global model: FedPer's averaged head,
-    FedBABU's fixed head)."""
+    FedBABU's fixed head). Only an evaluated round's evaluation phase has client compute,
+    and it is a part of the round's."""
     for record in rounds:
         assert record["bytes_to_clients"] > 0 and record["bytes_from_clients"] > 0
         assert record["trained_parameters"] > 0
         assert 0 < record["client_compute_seconds"] <= record["client_handler_seconds"]
+    for record in rounds:
+        evaluated = record["personal_accuracy"] is not None
+        assert (record["eval_compute_seconds"] > 0) == evaluated
+        assert record["eval_compute_seconds"] < record["client_compute_seconds"]
     sent = {"fedavg": (BASE, HEAD_G), "fedper": (BASE,), "fedbabu": (BASE,)}.get(algo)
     if sent:
         size = model_bytes(algo, *sent)

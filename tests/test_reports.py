@@ -30,6 +30,7 @@ from fedreg_app.reports import (
     paper_comparison,
     paper_table,
     plot_accuracy_curves,
+    provenance_table,
     read_paper_cells,
     rebalanced_counts,
     scan,
@@ -133,8 +134,8 @@ def test_report_writes_table_curves_and_figure_7(tmp_path: Path) -> None:
     written = write_report(tmp_path / "runs", tmp_path / "report")
     names = sorted(p.name for p in written)
     assert names == ["c30_accuracy.png", "c50_accuracy.png", "costs.md",
-                     "log_ratio_vs_clients.png", "table.md"]  # fmt: skip
-    for path in written[2:]:
+                     "log_ratio_vs_clients.png", "runs.md", "table.md"]  # fmt: skip
+    for path in written[3:]:
         with Image.open(path) as image:
             assert image.format == "PNG" and image.width > 400 and image.height > 300
 
@@ -146,11 +147,40 @@ def test_cost_table_averages_traffic_over_seeds(tmp_path: Path) -> None:
     assert table[2] == "| smoke | fedseq-vanilla | 4.0 | 1.0 | 2.0 / 1.0 | 0.0 | 3.0 | 2 |"
 
 
+def test_provenance_names_every_attempt_machine_and_best_round(tmp_path: Path) -> None:
+    """A run resumed on another machine, its clients on a GPU in some rounds: the line
+    names both machines, the resume, the code of each attempt and the rounds of the best
+    figures; a run from before records kept an environment says so."""
+    fake_run(tmp_path, "smoke", "fedreg", 0, globals_=(0.5, 0.7, 0.7), personals=(0.9, 0.8, None))
+    fake_run(tmp_path, "smoke", "fedreg", 1)
+    path = tmp_path / "smoke" / "fedreg" / "seed0" / "run-1" / "results.json"
+    document = json.loads(path.read_text())
+    cpu = {"cpu": "AMD EPYC", "cpu_capability": "AVX512", "torch": "2.14.1", "flwr": "1.42.0",
+           "code": "aaaa"}  # fmt: skip
+    gpu = {**cpu, "cpu": "Xeon", "torch": "2.11.0", "code": "bbbb", "cuda_device": "H200"}
+    resumes = [{"after_round": 1, "environment": gpu}, {"after_round": 2, "environment": gpu}]
+    document["run"].update(environment=cpu, started="2026-11-25T10:00:00", resumed=resumes)
+    document["rounds"][2]["train_failures"] = 2
+    document["rounds"][2]["client_hosts"] = {"3": {"device": "NVIDIA H200"}, "4": {"device": "cpu"}}
+    path.write_text(json.dumps(document))
+    lines = provenance_table(collect(tmp_path)).splitlines()
+    assert lines[2] == (
+        "| smoke | fedreg | 0 | completed | 3/5 | 3 (resumed after 1, 2) | AMD EPYC (AVX512) + "
+        "Xeon (AVX512); clients on NVIDIA H200 | 2.14.1 / 1.42.0 + 2.11.0 / 1.42.0 | "
+        "aaaa + bbbb | 3.0 | 2 | 70.00 (r2) | 90.00 (r1) | 2026-11-25 |"
+    )
+    assert lines[3] == (
+        "| smoke | fedreg | 1 | completed | 3/5 | 1 | not recorded | – | – | 3.0 | 0 | "
+        "70.00 (r3) | 90.00 (r3) | – |"
+    )
+
+
 def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
     fake_run(tmp_path, "smoke", "fedreg", 0)
     assert [p.name for p in write_report(tmp_path, tmp_path / "r")] == [
         "table.md",
         "costs.md",
+        "runs.md",
         "smoke_accuracy.png",
     ]
 
