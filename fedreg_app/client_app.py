@@ -40,6 +40,7 @@ from fedreg_app.protocol import (
     NUM_PARTITIONS,
     PARTITION_ID,
     QUERY,
+    RAY_ACTOR,
     RAY_NODE,
     SERVER_ROUND,
     STATE_KEY,
@@ -227,7 +228,9 @@ def device_name(device: torch.device) -> str:
 def where_running() -> dict[str, str]:
     """This process's host name, torch build and CPU kind (a device's figures replay
     bit-exactly only on the same) and, inside a Ray worker (a simulation's client
-    actor), its Ray node id: on a multi-node Ray cluster, which machine ran the client."""
+    actor), its Ray node id (on a multi-node Ray cluster, which machine ran the client)
+    and actor id (how many actors a round used: on a GPU, whether every actor the
+    client resources allow took part)."""
     where = {
         HOSTNAME: socket.gethostname(),
         TORCH_VERSION: torch.__version__,
@@ -235,7 +238,11 @@ def where_running() -> dict[str, str]:
     }
     ray = sys.modules.get("ray")  # imported by the simulation's actors, never here
     if ray is not None and ray.is_initialized():
-        where[RAY_NODE] = ray.get_runtime_context().get_node_id()
+        context = ray.get_runtime_context()
+        where[RAY_NODE] = context.get_node_id()
+        actor = context.get_actor_id()
+        if actor:
+            where[RAY_ACTOR] = actor
     return where
 
 

@@ -21,17 +21,19 @@ METRICS = "metrics"
 CONFIG = "config"
 #: Replies: where the client ran (config record: ``hostname``, ``torch`` and
 #: ``cpu-capability``, on which bit-exact replays depend, ``device``, what it computed on
-#: (``cpu`` or the CUDA device's name), and ``ray-node``, the Ray node id, in a
-#: simulation), so a cluster run can show its clients were spread.
+#: (``cpu`` or the CUDA device's name), and in a simulation ``ray-node`` and
+#: ``ray-actor``, the Ray node and client actor ids), so a cluster run can show its
+#: clients were spread, and a run can show how many actors took part.
 HOST = "host"
 HOSTNAME = "hostname"
 TORCH_VERSION = "torch"
 CPU_CAPABILITY = "cpu-capability"
 DEVICE = "device"
 RAY_NODE = "ray-node"
+RAY_ACTOR = "ray-actor"
 #: The only host keys a server keeps (a reply is data from the wire: no other key, and
 #: each value cut to :data:`HOST_VALUE_CHARS` characters).
-HOST_KEYS = (HOSTNAME, TORCH_VERSION, CPU_CAPABILITY, DEVICE, RAY_NODE)
+HOST_KEYS = (HOSTNAME, TORCH_VERSION, CPU_CAPABILITY, DEVICE, RAY_NODE, RAY_ACTOR)
 HOST_VALUE_CHARS = 200
 
 # Message config, server -> client.

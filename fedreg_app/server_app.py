@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
@@ -185,6 +186,17 @@ def refresh_partitions(grid: Grid, partitions: PartitionMap) -> None:
             log(WARNING, "partition %d: node %d replaces node %d", answer.partition_id, node,
                 replaced)  # fmt: skip
         log(INFO, "partition %d: served by node %d", answer.partition_id, node)
+
+
+def server_device(device: str, strategy: PersonalizedStrategy) -> torch.device:
+    """Where the ServerApp keeps its model: on the run's ``device`` only when the ServerApp
+    computes with it (it evaluates the global model itself); else on the CPU, where the
+    model only holds the arrays it aggregates. A GPU run's ServerApp then opens no CUDA
+    context (0.54 GiB of an H200, measured) for a model it never runs. The values are
+    the same on either device: the model is initialised on the CPU and copied."""
+    if strategy.global_evaluation == "server":
+        return select_device(device)
+    return torch.device("cpu")
 
 
 def global_accuracy(
@@ -734,7 +746,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None
     federated_dataset.cache_clear()  # the ServerApp needs no more of the dataset than this
-    model = initial_model(info, config).to(select_device(config.device))
+    model = initial_model(info, config).to(server_device(config.device, strategy))
     strategy.prepare_model(model)
     run_info = {
         "run_id": context.run_id,

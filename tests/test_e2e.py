@@ -74,7 +74,11 @@ def test_every_algorithm_runs_in_simulation(
     log = flwr_run(superlink, as_run_config_text(run_config(algo, dataset, results_dir)))
     assert "[round   3/3]" in log, log[-3000:]
     csv_text = next(results_dir.glob("*/rounds.csv")).read_text()
-    check_run(algo, results_of(results_dir), csv_text)
+    results = results_of(results_dir)
+    check_run(algo, results, csv_text)
+    hosts = [host for r in results["rounds"] for host in r["client_hosts"].values()]
+    actors = {host["ray-actor"] for host in hosts}  # every training client names its actor
+    assert 1 <= len(actors) <= (os.cpu_count() or 1)  # one actor per CPU at most
 
 
 @pytest.mark.simulation_all

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 import torch
 
 from fedreg_app import replay
@@ -20,6 +22,7 @@ from fedreg_app.environment import (
 )
 from fedreg_app.metrics import ResultsWriter, RoundRecord
 from fedreg_app.replay import main
+from fedreg_app.server_app import server_device
 from tests.inprocess import results, run_server
 from tests.test_replay import round_record
 
@@ -223,3 +226,15 @@ def test_a_run_records_its_environment_and_each_clients_torch_cpu_kind_and_devic
         assert host["torch"] == torch.__version__
         assert host["cpu-capability"] == HERE["cpu_capability"]
         assert host["device"] == (HERE["cuda_device"] or "cpu")  # device "auto"
+
+
+@pytest.mark.parametrize(("evaluation", "expected"), [("clients", "cpu"), ("server", "cuda")])
+def test_the_serverapp_keeps_its_model_on_the_device_only_when_it_evaluates_there(
+    evaluation: str, expected: str
+) -> None:
+    """With clients evaluating the global model, the ServerApp's model only holds arrays:
+    it stays on the CPU even where the run's device is a GPU (no CUDA context in the
+    ServerApp); where the ServerApp evaluates, it goes to the run's device."""
+    strategy = SimpleNamespace(global_evaluation=evaluation)
+    assert server_device("cuda", strategy).type == expected
+    assert server_device("cpu", strategy).type == "cpu"
