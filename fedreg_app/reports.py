@@ -675,9 +675,15 @@ def cost_table(results: Sequence[RunResult]) -> str:
 
 
 # ------------------------------------------------------------------- provenance
+def _resumes(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The resumes a run recorded (a file is not trusted: anything else is left out)."""
+    resumed = run.get("resumed")
+    return [r for r in resumed if isinstance(r, dict)] if isinstance(resumed, list) else []
+
+
 def _environments(run: dict[str, Any]) -> list[dict[str, Any]]:
     """The environments a run's attempts recorded: the first's, then each resume's."""
-    attempts = [run.get("environment"), *(r.get("environment") for r in run.get("resumed", []))]
+    attempts = [run.get("environment"), *(r.get("environment") for r in _resumes(run))]
     return [e for e in attempts if isinstance(e, dict)]
 
 
@@ -703,7 +709,7 @@ def _where(document: dict[str, Any]) -> str:
 
 def _attempts(run: dict[str, Any]) -> str:
     """``1``, or the attempts with the rounds each resume continued after."""
-    resumed = run.get("resumed", [])
+    resumed = _resumes(run)
     if not resumed:
         return "1"
     after = ", ".join(str(r.get("after_round", "?")) for r in resumed)
@@ -732,7 +738,10 @@ def provenance_table(results: Sequence[RunResult]) -> str:
         environments = _environments(info)
         rounds = document.get("rounds", [])
         seconds = [r["train_seconds"] + r["eval_seconds"] for r in rounds]
-        failures = sum(r.get("train_failures", 0) + r.get("eval_failures", 0) for r in rounds)
+        failures = sum(
+            count for r in rounds for count in (r.get("train_failures"), r.get("eval_failures"))
+            if isinstance(count, int)
+        )  # fmt: skip
         software = _distinct([f"{e.get('torch')} / {e.get('flwr')}" for e in environments])
         cells = [
             run.experiment, run.cell.replace(CELL_SEPARATOR, " "), str(run.seed),

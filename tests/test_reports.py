@@ -173,6 +173,13 @@ def test_provenance_names_every_attempt_machine_and_best_round(tmp_path: Path) -
         "| smoke | fedreg | 1 | completed | 3/5 | 1 | not recorded | – | – | 3.0 | 0 | "
         "70.00 (r3) | 90.00 (r3) | – |"
     )
+    # a file is not trusted: malformed resumes and counts are left out, not fatal
+    document["run"]["resumed"] = ["x", 3, {"after_round": 2, "environment": "y"}]
+    document["rounds"][2]["train_failures"] = "many"
+    path.write_text(json.dumps(document))
+    line = provenance_table(collect(tmp_path)).splitlines()[2]
+    assert "| 2 (resumed after 2) | AMD EPYC (AVX512); clients on NVIDIA H200 |" in line
+    assert "| aaaa | 3.0 | 0 |" in line
 
 
 def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
