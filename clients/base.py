@@ -139,14 +139,29 @@ class ClientProcedure:
         models = {PERSONAL_CORRECT: (personal_base, personal_head)}
         if global_parts is not None:
             base, head = global_parts
-            models[GLOBAL_CORRECT] = (personal_base if same_weights(base, personal_base)
-                                      else base, head)  # fmt: skip
+            if same_weights(base, personal_base):
+                base = personal_base
+                head = personal_head if self.personal_head_is(head) else head
+            models[GLOBAL_CORRECT] = (base, head)
         correct = count_correct_each(models, self.data.test, self.device)
         return {NUM_TEST: len(self.data.test), **correct}
 
     def personal_parts(self) -> tuple[nn.Module, Forward]:
         """The personal model as (base, head on base features)."""
         return self.model.base, self.personal_head
+
+    def personal_head_is(self, head: Forward) -> bool:
+        """Whether the personal head computes what ``head`` does, so that one forward pass
+        of the head serves both (FedAvg, FedProx, FedDyn: personal = global): the default
+        personal head on a model without a private head, ``head`` a module with the same
+        weights as the global head this client holds."""
+        default = ClientProcedure.personal_parts, ClientProcedure.personal_head
+        return (
+            (type(self).personal_parts, type(self).personal_head) == default
+            and self.model.head_p is None
+            and isinstance(head, nn.Module)
+            and same_weights(head, self.model.head_g)
+        )
 
     # ----------------------------------------------------- hooks for algorithms
     def personal_predict(self, x: torch.Tensor) -> torch.Tensor:

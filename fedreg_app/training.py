@@ -215,14 +215,18 @@ def count_correct_each(
     models: Mapping[str, tuple[Forward, Forward]], data: TensorData, device: torch.device
 ) -> dict[str, int]:
     """Correct counts of several models, each given as (features, head), in one pass over
-    the data: each batch is moved and normalised once, and models that name the same
+    the data: each batch is moved and normalised once, models that name the same
     features function (the same base, e.g. a client's personal and global model) compute
-    the features once."""
+    the features once, and models that also name the same head predict once."""
     correct = dict.fromkeys(models, 0)
     for x, y in eval_batches(data, device):
         features: dict[int, torch.Tensor] = {}
+        predicted: dict[tuple[int, int], torch.Tensor] = {}
         for name, (extract, head) in models.items():
             if id(extract) not in features:
                 features[id(extract)] = extract(x)
-            correct[name] += int((head(features[id(extract)]).argmax(dim=1) == y).sum())
+            key = (id(extract), id(head))
+            if key not in predicted:
+                predicted[key] = head(features[id(extract)]).argmax(dim=1)
+            correct[name] += int((predicted[key] == y).sum())
     return correct

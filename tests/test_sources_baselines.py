@@ -13,6 +13,7 @@ from clients.ditto import PERSONAL_MODEL, DittoClient
 from clients.fedavg import FedAvgClient
 from clients.fedavg2rep import PERSONAL_HEAD, FedAvg2RepClient
 from clients.fedbabu import FedBABUClient
+from clients.fedper import FedPerClient
 from fedreg_app.client_app import global_model_parts
 from fedreg_app.config import ConfigError
 from fedreg_app.models import BASE, HEAD_G, build_model
@@ -222,3 +223,34 @@ def test_fedavg2rep_personal_model_is_the_global_base_with_the_last_fedrep_head(
     evaluate(client, current, 3)
     assert same(client.model.group_state(BASE), group(current, BASE))
     assert same(client.model.group_state(HEAD_G), from_record(setup.state[PERSONAL_HEAD]))
+
+
+# ------------------------------------------------------------ evaluation's passes
+def head_calls(client, arrays: dict[str, np.ndarray]) -> tuple[dict[str, int], int, int]:
+    """Evaluate as the ClientApp does, counting the calls of the client's head and of the
+    global model's head; also the number of evaluation batches."""
+    base, head = global_model_parts(client.setup, arrays)
+    calls = {"client": 0, "global": 0}
+    for name, module in (("client", client.model.head_g), ("global", head)):
+        module.register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
+    counts = client.evaluate(arrays, 1, (base, head))
+    batches = len(list(eval_batches(client.data.test, client.device)))
+    return counts, calls["client"] + calls["global"], batches
+
+
+def test_a_personal_model_equal_to_the_global_one_is_run_once_per_batch() -> None:
+    """FedAvg's personal model is the global model: one pass of base and head serves both
+    counts. FedPer's personal head is its own (trained here), so its head runs twice, and
+    the counts are each model's own."""
+    fedavg = FedAvgClient(make_setup(algo="fedavg"))
+    counts, calls, batches = head_calls(fedavg, global_arrays())
+    assert calls == batches
+    assert counts[PERSONAL_CORRECT] == counts[GLOBAL_CORRECT]
+    fedper = FedPerClient(make_setup(algo="fedper"))
+    fedper.train(global_arrays(), 1)  # its private head moves away from the global one
+    counts, calls, batches = head_calls(fedper, global_arrays())
+    assert calls == 2 * batches
+    personal, glob = logits(fedper, global_arrays())
+    y = fedper.data.test.y
+    assert counts[PERSONAL_CORRECT] == int((personal.argmax(1) == y).sum())
+    assert counts[GLOBAL_CORRECT] == int((glob.argmax(1) == y).sum())
