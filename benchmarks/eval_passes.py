@@ -18,18 +18,11 @@ import statistics
 import time
 
 import torch
+from client_throughput import client_data  # the same real or synthetic partition
 from flwr.app import RecordDict
 
 from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_app import global_model_parts
-from fedreg_app.data import (
-    ClientData,
-    DatasetInfo,
-    PartitionKey,
-    TensorData,
-    load_client_data,
-    load_info,
-)
 from fedreg_app.models import BASE, HEAD_G, build_model
 from fedreg_app.registry import get_algorithm, load_config
 
@@ -37,19 +30,12 @@ WAYS = ("head once", "head twice")
 
 
 def client(args: argparse.Namespace) -> ClientProcedure:
-    """The algorithm's client on one partition, holding the run's initial model."""
+    """The algorithm's client on one partition (its test split is what is evaluated)."""
     run_config = {"algo": args.algo}
     if args.dataset_path:
         run_config["dataset-path"] = args.dataset_path
     config = load_config(run_config)
-    if args.dataset_path:
-        key = PartitionKey.from_config(config, args.clients)
-        info, data = load_info(key), load_client_data(key, args.partition)
-    else:
-        g = torch.Generator().manual_seed(0)
-        x = torch.randint(0, 256, (args.samples, 1, 28, 28), generator=g, dtype=torch.uint8)
-        test = TensorData(x=x, y=torch.randint(0, 10, (args.samples,), generator=g))
-        info, data = DatasetInfo(10, 1, 28, 28), ClientData(args.partition, test, test)
+    info, data = client_data(args, config)
     return get_algorithm(args.algo).client(ClientSetup(config, info, data, RecordDict()))
 
 
@@ -72,7 +58,7 @@ def main() -> None:
     parser.add_argument("--dataset-path", help="offline copy (else synthetic data)")
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--partition", type=int, default=0)
-    parser.add_argument("--samples", type=int, default=1024, help="synthetic test size")
+    parser.add_argument("--samples", type=int, default=1024, help="synthetic split size")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

@@ -697,10 +697,12 @@ def _where(document: dict[str, Any]) -> str:
     the devices its clients trained on where they named one other than the CPU."""
     environments = _environments(document.get("run", {}))
     machines = [f"{e.get('cpu', '?')} ({e.get('cpu_capability', '?')})" for e in environments]
+    hosts = [record.get("client_hosts") for record in document.get("rounds", [])]
     devices = {
         str(host["device"])
-        for record in document.get("rounds", [])
-        for host in (record.get("client_hosts") or {}).values()
+        for by_client in hosts
+        if isinstance(by_client, dict)  # a file is not trusted
+        for host in by_client.values()
         if isinstance(host, dict) and host.get("device") not in (None, "cpu")
     }
     where = _distinct(machines) if machines else "not recorded"

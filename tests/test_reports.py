@@ -176,6 +176,7 @@ def test_provenance_names_every_attempt_machine_and_best_round(tmp_path: Path) -
     # a file is not trusted: malformed resumes and counts are left out, not fatal
     document["run"]["resumed"] = ["x", 3, {"after_round": 2, "environment": "y"}]
     document["rounds"][2]["train_failures"] = "many"
+    document["rounds"][1]["client_hosts"] = ["not", "a", "mapping"]
     path.write_text(json.dumps(document))
     line = provenance_table(collect(tmp_path)).splitlines()[2]
     assert "| 2 (resumed after 2) | AMD EPYC (AVX512); clients on NVIDIA H200 |" in line
