@@ -24,7 +24,7 @@ import time
 import torch
 
 from fedreg_app.data import TEXT, DatasetInfo
-from fedreg_app.models import MaxPool2x2, build_model
+from fedreg_app.models import build_model, with_torch_max_pool
 from fedreg_app.training import CPU_EVAL_BATCH_PER_THREAD
 
 CASES = [  # (model, input shape and classes, samples)
@@ -69,20 +69,11 @@ def measure(name: str, info: DatasetInfo, n: int, repeats: int) -> tuple[dict, f
     return {size: medians[512] / medians[size] for size in SIZES}, max_diff, flipped
 
 
-def with_torchs_pool(model: torch.nn.Module) -> torch.nn.Module:
-    """The model with ``torch.nn.MaxPool2d(2)`` where it has :class:`MaxPool2x2`."""
-    for name, module in list(model.named_modules()):
-        if isinstance(module, MaxPool2x2):
-            parent, child = name.rsplit(".", 1)
-            setattr(model.get_submodule(parent), child, torch.nn.MaxPool2d(2))
-    return model
-
-
 def measure_pool(name: str, info: DatasetInfo, n: int, repeats: int, size: int) -> tuple:
     """Our pooling's speed-up over torch's (median of the turns), and whether the logits
     are bit-identical."""
     ours = build_model(info, 1, seed=0, model=name).eval()
-    reference = with_torchs_pool(build_model(info, 1, seed=0, model=name).eval())
+    reference = with_torch_max_pool(build_model(info, 1, seed=0, model=name).eval())
     x = inputs(info, n)
     identical = torch.equal(forward(ours, x, size), forward(reference, x, size))
     seconds: dict[str, list[float]] = {"torch": [], "ours": []}

@@ -122,6 +122,16 @@ class MaxPool2x2(nn.MaxPool2d):
         return torch.maximum(top, torch.maximum(x[..., 1::2, 0::2], x[..., 1::2, 1::2]))
 
 
+def with_torch_max_pool(model: nn.Module) -> nn.Module:
+    """The model, in place, with ``nn.MaxPool2d(2)`` wherever it has :class:`MaxPool2x2`:
+    the reference that the tests and ``benchmarks/eval_batch.py --pool`` compare with."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, MaxPool2x2):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, nn.MaxPool2d(2))
+    return model
+
+
 def convnet_layers(info: DatasetInfo) -> list[nn.Module]:
     """The FedDyn/FedRoD ConvNet (paper Section 4.1), as a flat list of layers."""
     flat = 64 * _conv_out(info.height) * _conv_out(info.width)
