@@ -430,7 +430,7 @@ def device_notes(recording: Recording, upto: int, resources: ClientResources) ->
         return [
             f"the record's clients of rounds 1..{upto} computed on {', '.join(gpus)}; "
             "this replay's clients compute on the CPU: on a machine with that GPU, add "
-            "--client-gpus (e.g. 0.1) for bit-identical figures"
+            "--client-gpus (e.g. 0.1) to compute on it as the record did"
         ]
     if resources.gpus and "cpu" in devices:
         return [

@@ -7,6 +7,7 @@ parameters that must not move, SGD with momentum.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -55,10 +56,38 @@ def eval_batch_size(device: torch.device) -> int:
     return GPU_EVAL_BATCH
 
 
+#: cuBLAS's setting for the same results run after run (a fixed workspace per stream),
+#: which torch's deterministic mode asks for on CUDA; a value already set is kept.
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+
+
 def select_device(name: str) -> torch.device:
+    """The device of ``device`` (``auto``: CUDA where torch sees a GPU). Choosing CUDA
+    also switches this process to deterministic GPU kernels (:func:`use_deterministic_cuda`)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        use_deterministic_cuda()
+    return device
+
+
+@functools.cache
+def use_deterministic_cuda() -> None:
+    """Same seed, same numbers on a GPU too. By default cuDNN may pick convolution
+    algorithms that add with atomics (the order, and so the rounding, changes from run
+    to run) and may pick them by timing; here it takes deterministic ones without
+    timing, and torch's deterministic variants replace its other such kernels (a warning,
+    not a failure, where an op has none). Called before the process's first CUDA
+    kernel, so cuBLAS starts with the fixed workspace. Memory is not filled on
+    allocation: every tensor here is written before it is read, and the fill would add
+    a kernel per allocation to GPU steps made of a few small kernels each. The CPU
+    path is untouched: only a process that trains on CUDA calls this."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
 
 
 def batches(

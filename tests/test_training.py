@@ -4,6 +4,8 @@ about 2 s slower); evaluation gives the same logits at any batch size."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -174,3 +176,38 @@ def test_eval_batch_size_default_override_and_bad_value(monkeypatch) -> None:
         monkeypatch.setenv(EVAL_BATCH_ENV, bad)
         with pytest.raises(ConfigError, match=f"{EVAL_BATCH_ENV}=.*integer >= 64"):
             eval_batch_size(CPU)
+
+
+def device_flags_after(calls: str, env: dict[str, str] | None = None) -> dict:
+    """The determinism flags of a fresh process after ``calls`` (global state: run apart)."""
+    script = textwrap.dedent(f"""
+        import json, os, torch
+        from fedreg_app.training import select_device
+        {calls}
+        print(json.dumps({{
+            "deterministic": torch.are_deterministic_algorithms_enabled(),
+            "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+            "cudnn_deterministic": torch.backends.cudnn.deterministic,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
+            "fill": torch.utils.deterministic.fill_uninitialized_memory,
+            "cublas": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        }}))
+    """)
+    base_env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**base_env, **(env or {})}, check=True)  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_cuda_device_switches_to_deterministic_kernels_and_the_cpu_keeps_its_own() -> None:
+    """Choosing CUDA (a torch.device needs no GPU to exist) turns on cuDNN's and torch's
+    deterministic kernels and cuBLAS's fixed workspace, without filling allocations;
+    choosing the CPU changes nothing, so every recorded CPU run keeps its kernels."""
+    cpu = device_flags_after('select_device("cpu")')
+    assert cpu == {"deterministic": False, "warn_only": False, "cudnn_deterministic": False,
+                   "cudnn_benchmark": False, "fill": True, "cublas": None}  # fmt: skip
+    cuda = device_flags_after('select_device("cuda")')
+    assert cuda == {"deterministic": True, "warn_only": True, "cudnn_deterministic": True,
+                    "cudnn_benchmark": False, "fill": False, "cublas": ":4096:8"}  # fmt: skip
+    kept = device_flags_after('select_device("cuda")', {"CUBLAS_WORKSPACE_CONFIG": ":16:8"})
+    assert kept["cublas"] == ":16:8" and kept["deterministic"]
