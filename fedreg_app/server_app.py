@@ -721,7 +721,7 @@ def check_federation(
 def start_run(grid: Grid, context: Context) -> RunSetup:
     """Validate, find the clients, load the data and the model, or the checkpoint."""
     config = load_config(context.run_config)  # fails fast on bad input
-    eval_batch_size(select_device(config.device))  # and on a bad FEDREG_EVAL_BATCH
+    eval_batch_size(torch.device("cpu"))  # fails fast on a bad FEDREG_EVAL_BATCH
     if config.tensorboard:
         require_tensorboard()
     if config.private:
