@@ -62,8 +62,9 @@ CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 
 
 def select_device(name: str) -> torch.device:
-    """The device of ``device`` (``auto``: CUDA where torch sees a GPU). Choosing CUDA
-    also switches this process to deterministic GPU kernels (:func:`use_deterministic_cuda`)."""
+    """The torch device the ``device`` key names (``auto``: CUDA where torch sees a GPU).
+    Choosing CUDA also switches this process to deterministic GPU kernels
+    (:func:`use_deterministic_cuda`)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
