@@ -15,6 +15,7 @@ import json
 import platform
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,3 +106,16 @@ def environment_note(recorded: object, current: dict[str, str | None]) -> str | 
 
 if __name__ == "__main__":  # what a run made here would record
     print(json.dumps(describe_environment(), indent=1))
+
+
+def client_devices(rounds: list[dict[str, Any]], upto: int | None = None) -> set[str]:
+    """What the clients of rounds 1..``upto`` (all by default) of a results file said they
+    computed on (``cpu`` or a CUDA device's name); records made before clients said it
+    give none, and a malformed ``client_hosts`` gives none (a file is not trusted)."""
+    return {
+        host["device"]
+        for record in rounds[:upto]
+        if isinstance(record.get("client_hosts"), dict)
+        for host in record["client_hosts"].values()
+        if isinstance(host, dict) and isinstance(host.get("device"), str)
+    }

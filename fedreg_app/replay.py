@@ -39,7 +39,7 @@ from typing import Any
 
 from fedreg_app.checkpoint import committed_round
 from fedreg_app.config import ConfigError
-from fedreg_app.environment import describe_environment, environment_note
+from fedreg_app.environment import client_devices, describe_environment, environment_note
 from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
 from fedreg_app.launcher import (
     ONE_CPU,
@@ -407,18 +407,6 @@ def client_environment_differences(first: Recording, second: Recording,
         f"(the first: {said[0]}; the other: {said[1]}): bit-identical figures are "
         "expected only on the same CPU kinds and torch builds"
     ]
-
-
-def client_devices(rounds: list[dict[str, Any]], upto: int) -> set[str]:
-    """What the clients of rounds 1..``upto`` said they computed on (``cpu`` or a CUDA
-    device's name); records made before clients said it give none."""
-    return {
-        str(host["device"])
-        for record in rounds[:upto]
-        if isinstance(record.get("client_hosts"), dict)
-        for host in record["client_hosts"].values()
-        if isinstance(host, dict) and "device" in host
-    }
 
 
 def device_notes(recording: Recording, upto: int, resources: ClientResources) -> list[str]:

@@ -61,6 +61,7 @@ from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 from clients.rebalance import class_threshold  # noqa: E402
 from fedreg_app.config import ConfigError, setting_differences  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
+from fedreg_app.environment import client_devices  # noqa: E402
 from fedreg_app.metrics import (  # noqa: E402
     BEST_OF,
     COMPLETED,
@@ -697,14 +698,7 @@ def _where(document: dict[str, Any]) -> str:
     the devices its clients trained on where they named one other than the CPU."""
     environments = _environments(document.get("run", {}))
     machines = [f"{e.get('cpu', '?')} ({e.get('cpu_capability', '?')})" for e in environments]
-    hosts = [record.get("client_hosts") for record in document.get("rounds", [])]
-    devices = {
-        str(host["device"])
-        for by_client in hosts
-        if isinstance(by_client, dict)  # a file is not trusted
-        for host in by_client.values()
-        if isinstance(host, dict) and host.get("device") not in (None, "cpu")
-    }
+    devices = client_devices(document.get("rounds", [])) - {"cpu"}
     where = _distinct(machines) if machines else "not recorded"
     return where + (f"; clients on {', '.join(sorted(devices))}" if devices else "")
 

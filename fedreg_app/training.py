@@ -75,7 +75,8 @@ def select_device(name: str) -> torch.device:
 
 @functools.cache
 def use_deterministic_cuda() -> None:
-    """Same seed, same numbers on a GPU too. By default cuDNN may pick convolution
+    """So that the same seed can give the same numbers on a GPU too (not yet checked on
+    one: see README, "Check that a recorded run reproduces"). By default cuDNN may pick convolution
     algorithms that add with atomics (the order, and so the rounding, changes from run
     to run) and may pick them by timing; here it takes deterministic ones without
     timing, and torch's deterministic variants replace its other such kernels (a warning,
