@@ -48,12 +48,13 @@ import os
 import shlex
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import textwrap
 import time
 import tomllib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,7 @@ from fedreg_app.reports import (
     of_seeds,
     personal_figure,
     read_document,
+    round_seconds,
     run_order,
     run_status,
     write_report,
@@ -498,6 +500,13 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     return Attempt(folder, checkpoint.round, note, status=status)
 
 
+def resumes_after(spec: RunSpec, declared: dict[str, Any]) -> int:
+    """The round an unfinished run will resume after (0 where it starts anew or is refused);
+    reads, changes nothing."""
+    attempt = decide(spec, declared, restart_damaged=False)
+    return attempt.after_round if attempt.resume is not None and not attempt.problem else 0
+
+
 def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
     """What running the grid would do with this run, and its rounds done: finished (not
     run again), resumed after round N, started anew (and why), or refused (damaged).
@@ -545,37 +554,133 @@ def _damaged(folder: Path, error: str, restart: bool) -> Attempt:
 
 
 # ------------------------------------------------------------------ progress
-class Progress:
-    """Runs and rounds done over the whole grid, seconds per round measured so far in this
-    invocation, elapsed time and an estimate of the time left (and when that is)."""
+def cell_key(spec: RunSpec) -> tuple[str, str]:
+    """What makes two runs cost alike: the experiment and the cell (every seed's)."""
+    return spec.experiment, json.dumps(spec.cell, sort_keys=True, default=str)
 
-    def __init__(self, specs: list[RunSpec]) -> None:
+
+def recorded_seconds(specs: Sequence[RunSpec]) -> dict[tuple[str, str], float]:
+    """Per cell, the median wall seconds of a round in the records already in its seed
+    folders (finished or partial, any seed): what a cell not yet run in this invocation is
+    expected to cost, where the cells of a grid cost very differently (Ditto trains two
+    models, FedRep a head and a base)."""
+    seconds: dict[tuple[str, str], list[float]] = {}
+    for spec in specs:
+        for _, document in spec._documents():
+            if run_status(document) not in (UNREADABLE, INVALID):
+                seconds.setdefault(cell_key(spec), []).extend(round_seconds(document))
+    return {key: statistics.median(values) for key, values in seconds.items() if values}
+
+
+class Progress:
+    """Runs and rounds done over the whole grid, seconds per round of the run in progress,
+    elapsed time and an estimate of the time left (and when that is).
+
+    The estimate adds up, over the rounds still to run, each cell's seconds a round: as
+    measured in this invocation where the cell has run (its runs' start-up included), else
+    as its records on disk say, scaled by how this invocation's cells compare with their
+    own records (the records may come from another machine), else this invocation's mean.
+    """
+
+    def __init__(
+        self,
+        specs: list[RunSpec],
+        declared: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``declared``: the run config's keys, to count the rounds that unfinished runs
+        will resume after (their checkpoints); without it they count from round 0."""
+        self.clock = clock
         self.total_rounds = sum(s.num_rounds for s in specs)
+        self.open = list(specs)  # runs neither finished, skipped nor given up
+        #: per open run (by id): the rounds its checkpoint holds, as the run will resume
+        unfinished = [s for s in specs if s.result is None] if declared is not None else []
+        self.ahead = {id(s): resumes_after(s, declared) for s in unfinished}
         self.rounds_closed = 0  # rounds of the runs finished, skipped or given up
-        self.fresh_closed = 0  # of those, rounds computed in this invocation
+        self.current: RunSpec | None = None
         self.run_start = 0  # rounds the current run had when this invocation started it
-        self.started = time.monotonic()
+        self.started = self.run_started = clock()
+        #: per cell: seconds and rounds computed by this invocation's closed runs
+        self.measured: dict[tuple[str, str], list[float]] = {}
+        self.recorded = recorded_seconds(specs)
 
     def skip(self, spec: RunSpec) -> None:
+        self.open.remove(spec)
         self.rounds_closed += spec.num_rounds
 
-    def start(self, rounds_at_start: int) -> None:
-        self.run_start = rounds_at_start
+    def start(self, spec: RunSpec, rounds_at_start: int) -> None:
+        self.current, self.run_start, self.run_started = spec, rounds_at_start, self.clock()
 
     def close(self, spec: RunSpec, rounds_in_run: int) -> None:
+        seconds, rounds = self._current(rounds_in_run)
+        tally = self.measured.setdefault(cell_key(spec), [0.0, 0])
+        tally[0], tally[1] = tally[0] + seconds, tally[1] + rounds
+        self.open.remove(spec)
         self.rounds_closed += spec.num_rounds
-        self.fresh_closed += max(0, rounds_in_run - self.run_start)
-        self.run_start = 0
+        self.current, self.run_start = None, 0
+        self.run_started = self.clock()  # a run given up never starts
 
     def done(self, rounds_in_run: int = 0) -> int:
-        return self.rounds_closed + rounds_in_run
+        """Rounds done over the grid: of closed runs, of the current one (``rounds_in_run``)
+        and those the checkpoints of the runs still to come hold."""
+        return self.rounds_closed + rounds_in_run + sum(self._ahead(s) for s in self.open)
+
+    def _ahead(self, spec: RunSpec) -> int:
+        return 0 if spec is self.current else self.ahead.get(id(spec), 0)
+
+    def _current(self, rounds_in_run: int) -> tuple[float, int]:
+        """Seconds and rounds the current run has spent and computed in this invocation."""
+        return self.clock() - self.run_started, max(0, rounds_in_run - self.run_start)
+
+    def _measured(self, spec: RunSpec, rounds_in_run: int) -> dict[tuple[str, str], list[float]]:
+        """Per cell, the seconds and rounds of this invocation, the current run's included."""
+        measured = {key: list(tally) for key, tally in self.measured.items()}
+        seconds, rounds = self._current(rounds_in_run)
+        tally = measured.setdefault(cell_key(spec), [0.0, 0])
+        tally[0], tally[1] = tally[0] + seconds, tally[1] + rounds
+        return measured
+
+    def measured_per_round(self, spec: RunSpec, rounds_in_run: int) -> float:
+        """The seconds a round of the current run's cell, as timed in this invocation."""
+        seconds, rounds = self._measured(spec, rounds_in_run)[cell_key(spec)]
+        return seconds / rounds if rounds else math.nan
+
+    def seconds_per_round(self, spec: RunSpec, rounds_in_run: int) -> dict[tuple[str, str], float]:
+        """Each open cell's expected seconds a round (NaN where nothing tells yet)."""
+        measured = self._measured(spec, rounds_in_run)
+        rates = {key: s / r for key, (s, r) in measured.items() if r > 0}
+        both = [key for key in rates if key in self.recorded and self.recorded[key] > 0]
+        scale = (
+            sum(measured[k][0] for k in both) / sum(self.recorded[k] * measured[k][1] for k in both)
+            if both else 1.0
+        )  # fmt: skip
+        spent = sum(s for s, _ in measured.values())
+        computed = sum(r for _, r in measured.values())
+        mean = spent / computed if computed else math.nan
+        expected = {}
+        for key in {cell_key(s) for s in self.open}:
+            if key in rates:
+                expected[key] = rates[key]
+            elif key in self.recorded:
+                expected[key] = self.recorded[key] * scale
+            else:
+                expected[key] = mean
+        return expected
+
+    def seconds_left(self, spec: RunSpec, rounds_in_run: int) -> float:
+        """The estimate of the time the open runs still need (NaN while unknown)."""
+        expected = self.seconds_per_round(spec, rounds_in_run)
+        return sum(
+            (s.num_rounds - (rounds_in_run if s is spec else self._ahead(s)))
+            * expected[cell_key(s)]
+            for s in self.open
+        )
 
     def line(self, index: int, total: int, spec: RunSpec, rounds_in_run: int) -> str:
         done = self.done(rounds_in_run)
-        elapsed = time.monotonic() - self.started
-        fresh = self.fresh_closed + max(0, rounds_in_run - self.run_start)
-        per_round = elapsed / fresh if fresh > 0 else math.nan
-        left = (self.total_rounds - done) * per_round
+        elapsed = self.clock() - self.started
+        per_round = self.measured_per_round(spec, rounds_in_run)
+        left = self.seconds_left(spec, rounds_in_run)
         eta = "" if math.isnan(left) else f", ETA {_wall_clock(left)}"
         return (
             f"[run {index}/{total} | round {rounds_in_run}/{spec.num_rounds}] {spec.describe()}"
@@ -676,10 +781,11 @@ def run_all(
     everything it started are stopped."""
     limits = limits or Limits()
     declared = declared if declared is not None else declared_run_config()
-    progress = Progress(specs)
-    pending = []
     for spec in specs:
         spec.result = spec.finished_results()
+    progress = Progress(specs, declared)
+    pending = []
+    for spec in specs:
         if spec.result is not None:
             progress.skip(spec)
         else:
@@ -749,7 +855,7 @@ class Session:
             shutil.rmtree(spec.state_dir / "runs", ignore_errors=True)  # nothing resumes it
         self.before = set(spec.run_folders())
         self.spec, self.current = spec, attempt.resume
-        self.progress.start(attempt.after_round)
+        self.progress.start(spec, attempt.after_round)
         config_file = write_run_config(run_config, spec.folder)
         log_path = spec.folder / "flwr.log"
         last, boundary = -1, None

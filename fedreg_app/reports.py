@@ -113,6 +113,12 @@ def run_status(document: dict[str, Any]) -> str:
     return str(document.get("run", {}).get("status", ""))
 
 
+def round_seconds(document: dict[str, Any]) -> list[float]:
+    """Each recorded round's wall seconds as the server measured them (training plus
+    evaluation phase), of a document :func:`read_document` accepted (costs checked)."""
+    return [r["train_seconds"] + r["eval_seconds"] for r in document.get("rounds", [])]
+
+
 def personal_figure(document: dict[str, Any], which: str = "all") -> tuple[float | None, bool]:
     """A finished run's best personal accuracy and whether it is over the answering clients
     only: the all-client figure (complete rounds) where there is one, else, for a degraded
@@ -654,11 +660,7 @@ def cost_table(results: Sequence[RunResult]) -> str:
         def mean(key: str, scale: float, runs: list[RunResult] = runs) -> str:
             return f"{statistics.fmean(r.document.get(key, 0) for r in runs) / scale:.1f}"
 
-        per_run = [
-            statistics.median(x["train_seconds"] + x["eval_seconds"] for x in r.document["rounds"])
-            for r in runs
-            if r.document["rounds"]
-        ]
+        per_run = [statistics.median(s) for r in runs if (s := round_seconds(r.document))]
         seconds = f"{statistics.fmean(per_run):.1f}" if per_run else "–"
         name = marked(
             cell.replace(CELL_SEPARATOR, " "),
@@ -733,7 +735,7 @@ def provenance_table(results: Sequence[RunResult]) -> str:
         document, info = run.document, run.document.get("run", {})
         environments = _environments(info)
         rounds = document.get("rounds", [])
-        seconds = [r["train_seconds"] + r["eval_seconds"] for r in rounds]
+        seconds = round_seconds(document)
         failures = sum(
             count for r in rounds for count in (r.get("train_failures"), r.get("eval_failures"))
             if isinstance(count, int)

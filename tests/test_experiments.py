@@ -4,12 +4,14 @@ degraded and failed runs."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import tomllib
 from collections.abc import Iterator
@@ -26,8 +28,10 @@ from fedreg_app.experiments import (
     EXIT_BUSY,
     RUNNER_LOCK,
     Experiment,
+    Progress,
     RunSpec,
     cell_id,
+    cell_key,
     checkpoint_round,
     decide,
     main,
@@ -551,6 +555,70 @@ def interrupted_run(
     ).save(folder)  # fmt: skip
     (spec.state_dir / "runs" / name / "partition-0").mkdir(parents=True)
     return folder
+
+
+def finished_run(spec: RunSpec, seconds: float) -> None:
+    """A completed run of the spec whose every round took ``seconds`` (training + eval)."""
+    write_results(spec, "completed")
+    path = next(spec.folder.glob("*/results.json"))
+    document = json.loads(path.read_text())
+    first = {**document["rounds"][0], "train_seconds": seconds - 1, "eval_seconds": 1.0}
+    document["rounds"] = [{**first, "round": k} for k in range(1, spec.num_rounds + 1)]
+    path.write_text(json.dumps(document))
+
+
+def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> None:
+    """A grid's cells cost differently (Ditto trains two models): the time left adds each
+    cell's own seconds a round, from its records on disk until it has run here, scaled by
+    how this machine compares with the records of the cells it has run; the rounds an
+    interrupted run's checkpoint holds count as done and are not expected again."""
+    config = write(tmp_path / "t3.toml", textwrap.dedent("""
+        num-server-rounds = 4
+        [experiment]
+        name = "t3"
+        algos = ["fedavg", "ditto", "fedrep"]
+        seeds = 2
+    """))  # fmt: skip
+    specs = plan([Experiment.load(config, DECLARED)], tmp_path / "out", DECLARED, {})
+    by = {(s.cell["algo"], s.seed): s for s in specs}
+    finished_run(by["fedavg", 0], seconds=5.0)
+    finished_run(by["ditto", 0], seconds=10.0)
+    interrupted_run(by["ditto", 1], "running", at_round=2)  # its own rounds took 2 s
+    for spec in specs:
+        spec.result = spec.finished_results()
+    now = [0.0]
+    progress = Progress(specs, DECLARED, clock=lambda: now[0])
+    for spec in (by["fedavg", 0], by["ditto", 0]):
+        progress.skip(spec)
+    assert progress.done() == 4 + 4 + 2  # two finished runs and ditto seed 1's checkpoint
+    fedavg, ditto = by["fedavg", 1], by["ditto", 1]
+    progress.start(fedavg, 0)
+    assert math.isnan(progress.seconds_left(fedavg, 0))  # nothing tells FedRep's cost yet
+    now[0] = 14.0  # this machine: 7 s a round where FedAvg's record says 5
+    assert progress.seconds_per_round(fedavg, 2)[cell_key(fedavg)] == 7.0
+    # FedAvg as measured, Ditto's record scaled by 7 / 5, FedRep at the mean measured
+    assert progress.seconds_left(fedavg, 2) == 2 * 7.0 + 2 * 14.0 + 8 * 7.0
+    assert "| 7.0 s/round |" in progress.line(3, 6, fedavg, 2)
+    now[0] = 28.0
+    progress.close(fedavg, 4)
+    progress.start(ditto, 2)
+    assert progress.done(2) == 3 * 4 + 2
+    assert progress.seconds_left(ditto, 2) == 2 * 14.0 + 8 * 7.0
+    line = progress.line(4, 6, ditto, 2)  # the rate shown is timed, never a record's
+    assert "| ? s/round |" in line and "left ~1m24s, ETA" in line
+
+
+def test_progress_says_it_does_not_know_until_a_round_is_timed(tmp_path: Path) -> None:
+    (spec,) = one_cell_specs(tmp_path, 1)
+    now = [0.0]
+    progress = Progress([spec], DECLARED, clock=lambda: now[0])
+    progress.start(spec, 0)
+    assert "? s/round" in progress.line(1, 1, spec, 0)
+    assert "left ~?" in progress.line(1, 1, spec, 0) and "ETA" not in progress.line(1, 1, spec, 0)
+    now[0] = 30.0
+    assert "| 30.0 s/round |" in progress.line(1, 1, spec, 1) and "ETA" in progress.line(
+        1, 1, spec, 1
+    )
 
 
 def test_runs_whose_clients_keep_state_get_their_own_state_dir(tmp_path: Path) -> None:
