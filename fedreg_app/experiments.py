@@ -605,7 +605,7 @@ class Progress:
         self.recorded = recorded_seconds(specs)
 
     def skip(self, spec: RunSpec) -> None:
-        self.open.remove(spec)
+        self.open = [s for s in self.open if s is not spec]
         self.rounds_closed += spec.num_rounds
 
     def start(self, spec: RunSpec, rounds_at_start: int) -> None:
@@ -615,7 +615,7 @@ class Progress:
         seconds, rounds = self._current(rounds_in_run)
         tally = self.measured.setdefault(cell_key(spec), [0.0, 0])
         tally[0], tally[1] = tally[0] + seconds, tally[1] + rounds
-        self.open.remove(spec)
+        self.open = [s for s in self.open if s is not spec]
         self.rounds_closed += spec.num_rounds
         self.current, self.run_start = None, 0
         self.run_started = self.clock()  # a run given up never starts
