@@ -539,8 +539,29 @@ def dry_run(specs: list[RunSpec], declared: dict[str, Any]) -> str:
         done += rounds
         lines.append(f"{spec.describe()} -> {spec.folder}: {state}")
     total = sum(spec.num_rounds for spec in specs)
-    lines.append(f"grid {done}/{total} rounds done in {len(specs)} runs")
+    lines.append(
+        f"grid {done}/{total} rounds done in {len(specs)} runs; {expected_time(specs, declared)}"
+    )
     return "\n".join(lines)
+
+
+def expected_time(specs: list[RunSpec], declared: dict[str, Any]) -> str:
+    """What the runs still to do are expected to take, by their cells' records on disk (the
+    median seconds of a round, this machine or another), or which cells have none."""
+    for spec in specs:
+        spec.result = spec.finished_results()
+    progress = Progress(specs, declared)
+    for spec in [s for s in specs if s.result is not None]:
+        progress.skip(spec)
+    if not progress.open:
+        return "nothing left to run"
+    expected = progress.seconds_per_round()
+    unknown = {s.describe().rsplit(" seed ", 1)[0] for s in progress.open
+               if math.isnan(expected[cell_key(s)])}  # fmt: skip
+    if unknown:
+        named = sorted(unknown)[:3] + ([f"{len(unknown) - 3} more"] if len(unknown) > 3 else [])
+        return f"time left unknown: no record yet of {', '.join(named)}"
+    return f"about {_clock(progress.seconds_left())} left at the seconds a round of the records"
 
 
 def _damaged(folder: Path, error: str, restart: bool) -> Attempt:
@@ -632,9 +653,13 @@ class Progress:
         """Seconds and rounds the current run has spent and computed in this invocation."""
         return self.clock() - self.run_started, max(0, rounds_in_run - self.run_start)
 
-    def _measured(self, spec: RunSpec, rounds_in_run: int) -> dict[tuple[str, str], list[float]]:
+    def _measured(
+        self, spec: RunSpec | None, rounds_in_run: int
+    ) -> dict[tuple[str, str], list[float]]:
         """Per cell, the seconds and rounds of this invocation, the current run's included."""
         measured = {key: list(tally) for key, tally in self.measured.items()}
+        if spec is None:
+            return measured
         seconds, rounds = self._current(rounds_in_run)
         tally = measured.setdefault(cell_key(spec), [0.0, 0])
         tally[0], tally[1] = tally[0] + seconds, tally[1] + rounds
@@ -645,7 +670,9 @@ class Progress:
         seconds, rounds = self._measured(spec, rounds_in_run)[cell_key(spec)]
         return seconds / rounds if rounds else math.nan
 
-    def seconds_per_round(self, spec: RunSpec, rounds_in_run: int) -> dict[tuple[str, str], float]:
+    def seconds_per_round(
+        self, spec: RunSpec | None = None, rounds_in_run: int = 0
+    ) -> dict[tuple[str, str], float]:
         """Each open cell's expected seconds a round (NaN where nothing tells yet)."""
         measured = self._measured(spec, rounds_in_run)
         rates = {key: s / r for key, (s, r) in measured.items() if r > 0}
@@ -667,8 +694,9 @@ class Progress:
                 expected[key] = mean
         return expected
 
-    def seconds_left(self, spec: RunSpec, rounds_in_run: int) -> float:
-        """The estimate of the time the open runs still need (NaN while unknown)."""
+    def seconds_left(self, spec: RunSpec | None = None, rounds_in_run: int = 0) -> float:
+        """The estimate of the time the open runs still need (NaN while unknown); ``spec``:
+        the run in progress, with ``rounds_in_run`` done."""
         expected = self.seconds_per_round(spec, rounds_in_run)
         return sum(
             (s.num_rounds - (rounds_in_run if s is spec else self._ahead(s)))

@@ -201,7 +201,11 @@ def test_cli_dry_run_and_errors(tmp_path: Path, capsys) -> None:
     assert config.name == "t1"
     assert main([str(path), "--dry-run", "--seeds", "1", "--out", str(tmp_path / "o")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 8 + 1 and lines[-1] == "grid 0/24 rounds done in 8 runs"
+    assert len(lines) == 8 + 1 and lines[-1] == (
+        "grid 0/24 rounds done in 8 runs; time left unknown: no record yet of "
+        "t1 fedavg augment=auto threshold=max, t1 fedavg augment=auto threshold=mean, "
+        "t1 fedavg augment=simple threshold=max, 5 more"
+    )
     assert all(line.endswith(": starts") for line in lines[:-1])
     with pytest.raises(SystemExit):
         main([str(path), "--set", "nonsense-key=1"])
@@ -744,7 +748,9 @@ def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothin
     assert lines[5] == (f"{killed.describe()} -> {killed.folder}: resumes after round "
                         f"1/{rounds}; its status says running: in progress now, or killed "
                         "unawares")  # fmt: skip
-    assert lines[6] == f"grid {rounds + 3}/{6 * rounds} rounds done in 6 runs"
+    left = experiments._clock((5 * rounds - 3) * 2.0)  # every recorded round took 2 s
+    assert lines[6] == (f"grid {rounds + 3}/{6 * rounds} rounds done in 6 runs; about "
+                        f"{left} left at the seconds a round of the records")  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
     assert read_marker(broken) == {}
 
