@@ -584,7 +584,7 @@ def recorded_seconds(specs: Sequence[RunSpec]) -> dict[tuple[str, str], float]:
     """Per cell, the median wall seconds of a round in the records already in its seed
     folders (finished or partial, any seed): what a cell not yet run in this invocation is
     expected to cost, where the cells of a grid cost very differently (Ditto trains two
-    models, FedRep a head and a base)."""
+    models a round, FedAvg one)."""
     seconds: dict[tuple[str, str], list[float]] = {}
     for spec in specs:
         for _, document in spec._documents():
