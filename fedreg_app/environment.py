@@ -104,10 +104,6 @@ def environment_note(recorded: object, current: dict[str, str | None]) -> str | 
     return "; ".join(notes) or None
 
 
-if __name__ == "__main__":  # what a run made here would record
-    print(json.dumps(describe_environment(), indent=1))
-
-
 def client_devices(rounds: list[dict[str, Any]], upto: int | None = None) -> set[str]:
     """What the clients of rounds 1..``upto`` (all by default) of a results file said they
     computed on (``cpu`` or a CUDA device's name); records made before clients said it
@@ -119,3 +115,7 @@ def client_devices(rounds: list[dict[str, Any]], upto: int | None = None) -> set
         for host in record["client_hosts"].values()
         if isinstance(host, dict) and isinstance(host.get("device"), str)
     }
+
+
+if __name__ == "__main__":  # what a run made here would record
+    print(json.dumps(describe_environment(), indent=1))

@@ -500,20 +500,13 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     return Attempt(folder, checkpoint.round, note, status=status)
 
 
-def resumes_after(spec: RunSpec, declared: dict[str, Any]) -> int:
-    """The round an unfinished run will resume after (0 where it starts anew or is refused);
-    reads, changes nothing."""
-    attempt = decide(spec, declared, restart_damaged=False)
-    return attempt.after_round if attempt.resume is not None and not attempt.problem else 0
-
-
 def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
     """What running the grid would do with this run, and its rounds done: finished (not
     run again), resumed after round N, started anew (and why), or refused (damaged).
-    Changes nothing on disk."""
-    finished = spec.finished_results()
-    if finished is not None:
-        return f"finished ({run_status(finished)})", spec.num_rounds
+    Changes nothing on disk; keeps the finished results found in ``spec.result``."""
+    spec.result = spec.finished_results()
+    if spec.result is not None:
+        return f"finished ({run_status(spec.result)})", spec.num_rounds
     attempt = decide(spec, declared, restart_damaged=False)
     if attempt.problem:
         return f"not run: {first_line(attempt.problem)}", 0
@@ -532,27 +525,22 @@ def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
 
 def dry_run(specs: list[RunSpec], declared: dict[str, Any]) -> str:
     """``--dry-run``: each run, its folder and what the same command without
-    ``--dry-run`` would do with it, then the grid's rounds done."""
-    lines, done = [], 0
+    ``--dry-run`` would do with it, then the grid's rounds done and the time left."""
+    lines, ahead = [], {}
     for spec in specs:
-        state, rounds = pending_state(spec, declared)
-        done += rounds
+        state, ahead[id(spec)] = pending_state(spec, declared)
         lines.append(f"{spec.describe()} -> {spec.folder}: {state}")
-    total = sum(spec.num_rounds for spec in specs)
+    progress = Progress(specs, ahead)
     lines.append(
-        f"grid {done}/{total} rounds done in {len(specs)} runs; {expected_time(specs, declared)}"
+        f"grid {progress.done()}/{progress.total_rounds} rounds done in {len(specs)} runs; "
+        f"{expected_time(progress)}"
     )
     return "\n".join(lines)
 
 
-def expected_time(specs: list[RunSpec], declared: dict[str, Any]) -> str:
+def expected_time(progress: Progress) -> str:
     """What the runs still to do are expected to take, by their cells' records on disk (the
     median seconds of a round, this machine or another), or which cells have none."""
-    for spec in specs:
-        spec.result = spec.finished_results()
-    progress = Progress(specs, declared)
-    for spec in [s for s in specs if s.result is not None]:
-        progress.skip(spec)
     if not progress.open:
         return "nothing left to run"
     expected = progress.seconds_per_round()
@@ -606,28 +594,23 @@ class Progress:
     def __init__(
         self,
         specs: list[RunSpec],
-        declared: dict[str, Any] | None = None,
+        ahead: dict[int, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``declared``: the run config's keys, to count the rounds that unfinished runs
-        will resume after (their checkpoints); without it they count from round 0."""
+        """``specs`` with their finished results found (``result``); ``ahead``: per
+        unfinished run (by ``id``), the round its checkpoint lets it resume after."""
         self.clock = clock
         self.total_rounds = sum(s.num_rounds for s in specs)
-        self.open = list(specs)  # runs neither finished, skipped nor given up
-        #: per open run (by id): the rounds its checkpoint holds, as the run will resume
-        unfinished = [s for s in specs if s.result is None] if declared is not None else []
-        self.ahead = {id(s): resumes_after(s, declared) for s in unfinished}
-        self.rounds_closed = 0  # rounds of the runs finished, skipped or given up
+        self.open = [s for s in specs if s.result is None]  # neither finished nor given up
+        self.ahead = ahead or {}
+        #: rounds of the runs finished (before or in this invocation) or given up
+        self.rounds_closed = sum(s.num_rounds for s in specs if s.result is not None)
         self.current: RunSpec | None = None
         self.run_start = 0  # rounds the current run had when this invocation started it
         self.started = self.run_started = clock()
         #: per cell: seconds and rounds computed by this invocation's closed runs
         self.measured: dict[tuple[str, str], list[float]] = {}
         self.recorded = recorded_seconds(specs)
-
-    def skip(self, spec: RunSpec) -> None:
-        self.open = [s for s in self.open if s is not spec]
-        self.rounds_closed += spec.num_rounds
 
     def start(self, spec: RunSpec, rounds_at_start: int) -> None:
         self.current, self.run_start, self.run_started = spec, rounds_at_start, self.clock()
@@ -809,15 +792,13 @@ def run_all(
     everything it started are stopped."""
     limits = limits or Limits()
     declared = declared if declared is not None else declared_run_config()
+    ahead = {}
     for spec in specs:
         spec.result = spec.finished_results()
-    progress = Progress(specs, declared)
-    pending = []
-    for spec in specs:
-        if spec.result is not None:
-            progress.skip(spec)
-        else:
-            pending.append(spec)
+        if spec.result is None:  # the round its checkpoint lets it resume after (or 0)
+            ahead[id(spec)] = decide(spec, declared, restart_damaged=False).after_round
+    progress = Progress(specs, ahead)
+    pending = [spec for spec in specs if spec.result is None]
     print(
         f"{len(specs) - len(pending)} of {len(specs)} runs already finished; {len(pending)} to run"
     )

@@ -590,10 +590,10 @@ def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> Non
     interrupted_run(by["ditto", 1], "running", at_round=2)  # its own rounds took 2 s
     for spec in specs:
         spec.result = spec.finished_results()
+    resumes_after = decide(by["ditto", 1], DECLARED).after_round  # as run_all asks
+    assert resumes_after == 2
     now = [0.0]
-    progress = Progress(specs, DECLARED, clock=lambda: now[0])
-    for spec in (by["fedavg", 0], by["ditto", 0]):
-        progress.skip(spec)
+    progress = Progress(specs, {id(by["ditto", 1]): resumes_after}, clock=lambda: now[0])
     assert progress.done() == 4 + 4 + 2  # two finished runs and ditto seed 1's checkpoint
     fedavg, ditto = by["fedavg", 1], by["ditto", 1]
     progress.start(fedavg, 0)
@@ -615,7 +615,7 @@ def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> Non
 def test_progress_says_it_does_not_know_until_a_round_is_timed(tmp_path: Path) -> None:
     (spec,) = one_cell_specs(tmp_path, 1)
     now = [0.0]
-    progress = Progress([spec], DECLARED, clock=lambda: now[0])
+    progress = Progress([spec], clock=lambda: now[0])
     progress.start(spec, 0)
     assert "? s/round" in progress.line(1, 1, spec, 0)
     assert "left ~?" in progress.line(1, 1, spec, 0) and "ETA" not in progress.line(1, 1, spec, 0)
