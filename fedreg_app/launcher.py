@@ -26,6 +26,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 #: For runs on local dataset copies: Hugging Face libraries never reach for the network.
@@ -176,7 +178,22 @@ class ClientResources:
     def federation_config(self, supernodes: int) -> str:
         """The ``--federation-config`` of ``flwr run`` for ``supernodes`` clients."""
         text = f"num-supernodes={supernodes} client-resources-num-cpus={self.cpus}"
-        return text + (f" client-resources-num-gpus={self.gpus:g}" if self.gpus else "")
+        if not self.gpus:
+            return text
+        return text + f" client-resources-num-gpus={flower_gpu_share(self.gpus)!r}"
+
+
+def flower_gpu_share(share: float) -> float:
+    """``share`` as Flower must be told it for ``int(1 / share)`` actors to share a GPU.
+
+    Flower keeps ``client-resources-num-gpus`` in a 32-bit float (``SimulationConfig``),
+    and 0.1 becomes 0.10000000149..., so its actor pool (``int(GPUs / share)``) held 9
+    actors, not 10, on one GPU; 0.2 gave 4. The largest 32-bit float not above ``share``
+    keeps the count; Ray reserves it to 1e-4, so the actors still fit."""
+    narrow = np.float32(share)
+    if float(narrow) > share:
+        narrow = np.nextafter(narrow, np.float32(0))
+    return float(narrow)
 
 
 #: One CPU per client actor, no GPU: the runner's default (``flwr run``'s own is two CPUs).

@@ -1092,14 +1092,46 @@ def test_client_resources_become_flwr_runs_federation_config() -> None:
     assert ClientResources().federation_config(50) == (
         "num-supernodes=50 client-resources-num-cpus=1"
     )
-    link = LocalSuperLink(Path("home"), resources=ClientResources(2, 0.1))
+    link = LocalSuperLink(Path("home"), resources=ClientResources(2, 0.25))
     command = link.command("x=1", 50)
     assert command[-1] == (
-        "num-supernodes=50 client-resources-num-cpus=2 client-resources-num-gpus=0.1"
+        "num-supernodes=50 client-resources-num-cpus=2 client-resources-num-gpus=0.25"
     )
     assert link.command("x=1", 8, cpus_per_client=3)[-1] == (
-        "num-supernodes=8 client-resources-num-cpus=3 client-resources-num-gpus=0.1"
+        "num-supernodes=8 client-resources-num-cpus=3 client-resources-num-gpus=0.25"
     )
+
+
+@pytest.mark.parametrize(
+    ("share", "actors"),
+    [(0.1, 10), (0.2, 5), (0.05, 20), (0.3, 3), (0.25, 4), (1 / 3, 3), (1.0, 1), (2.0, 1)],
+)
+def test_a_gpu_share_gives_flowers_pool_as_many_actors_as_fit_on_a_gpu(
+    share: float, actors: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through Flower's own parsing (its 32-bit field), a share of 0.1 gave a pool of 9
+    actors on one GPU (seen on an H200). The share the launcher sends gives int(1 / g)."""
+    from flwr.common.config import parse_config_args
+    from flwr.simulation.ray_transport import ray_actor
+    from flwr.supercore.utils import simulation_config_from_json
+
+    def pool_size(config: str) -> int:
+        fields = {k.replace("-", "_"): v for k, v in parse_config_args([config]).items()}
+        sent = simulation_config_from_json(fields)
+        resources = {
+            "num_cpus": sent.client_resources_num_cpus,
+            "num_gpus": sent.client_resources_num_gpus,
+        }
+        return ray_actor.pool_size_from_resources(resources)
+
+    one_gpu = [{"Resources": {"CPU": 64.0, "GPU": 1.0 if share <= 1 else 2.0}}]
+    monkeypatch.setattr(ray_actor.ray, "nodes", lambda: one_gpu)
+    assert pool_size(ClientResources(1, share).federation_config(50)) == actors
+    if share == 0.1:  # the figure as written: what the launcher no longer sends
+        assert (
+            pool_size("num-supernodes=50 client-resources-num-cpus=1 client-resources-num-gpus=0.1")
+            == 9
+        )
 
 
 @pytest.mark.parametrize(
