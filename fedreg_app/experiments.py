@@ -581,14 +581,22 @@ def recorded_seconds(specs: Sequence[RunSpec]) -> dict[tuple[str, str], float]:
     return {key: statistics.median(values) for key, values in seconds.items() if values}
 
 
+#: per cell (``cell_key``): seconds and rounds summed
+Tallies = dict[tuple[str, str], list[float]]
+
+
 class Progress:
     """Runs and rounds done over the whole grid, seconds per round of the run in progress,
     elapsed time and an estimate of the time left (and when that is).
 
-    The estimate adds up, over the rounds still to run, each cell's seconds a round: as
-    measured in this invocation where the cell has run (its runs' start-up included), else
-    as its records on disk say, scaled by how this invocation's cells compare with their
-    own records (the records may come from another machine), else this invocation's mean.
+    A run's first round in an invocation also pays its start-up (Ray, the partitions,
+    CUDA: a minute on a GPU whose rounds take 5 s), so the seconds a round are timed from
+    the end of each run's first round here on, and the start-ups are counted apart. The
+    estimate adds up, over the rounds still to run, each cell's seconds a round: as timed
+    in this invocation where the cell has run, else as its records on disk say, scaled by
+    how this invocation's cells compare with their own records (the records may come from
+    another machine), else this invocation's mean; and a start-up for each run still to
+    start, once one has been timed.
     """
 
     def __init__(
@@ -608,20 +616,28 @@ class Progress:
         self.current: RunSpec | None = None
         self.run_start = 0  # rounds the current run had when this invocation started it
         self.started = self.run_started = clock()
-        #: per cell: seconds and rounds computed by this invocation's closed runs
-        self.measured: dict[tuple[str, str], list[float]] = {}
+        #: the clock and the run's rounds when its first round here was seen (None before)
+        self.first_seen: tuple[float, int] | None = None
+        #: per cell: seconds and rounds timed after each closed run's first round here
+        self.measured: Tallies = {}
+        #: per cell: seconds and rounds of each closed run's first round here (start-up in)
+        self.first: Tallies = {}
         self.recorded = recorded_seconds(specs)
 
     def start(self, spec: RunSpec, rounds_at_start: int) -> None:
         self.current, self.run_start, self.run_started = spec, rounds_at_start, self.clock()
+        self.first_seen = None
+
+    def observe(self, rounds_in_run: int) -> None:
+        """The current run has ``rounds_in_run`` rounds checkpointed now."""
+        if self.first_seen is None and rounds_in_run > self.run_start:
+            self.first_seen = (self.clock(), rounds_in_run)
 
     def close(self, spec: RunSpec, rounds_in_run: int) -> None:
-        seconds, rounds = self._current(rounds_in_run)
-        tally = self.measured.setdefault(cell_key(spec), [0.0, 0])
-        tally[0], tally[1] = tally[0] + seconds, tally[1] + rounds
+        self.measured, self.first = self._timed(spec, rounds_in_run)
         self.open = [s for s in self.open if s is not spec]
         self.rounds_closed += spec.num_rounds
-        self.current, self.run_start = None, 0
+        self.current, self.run_start, self.first_seen = None, 0, None
         self.run_started = self.clock()  # a run given up never starts
 
     def done(self, rounds_in_run: int = 0) -> int:
@@ -632,40 +648,49 @@ class Progress:
     def _ahead(self, spec: RunSpec) -> int:
         return 0 if spec is self.current else self.ahead.get(id(spec), 0)
 
-    def _current(self, rounds_in_run: int) -> tuple[float, int]:
-        """Seconds and rounds the current run has spent and computed in this invocation."""
-        return self.clock() - self.run_started, max(0, rounds_in_run - self.run_start)
-
-    def _measured(
-        self, spec: RunSpec | None, rounds_in_run: int
-    ) -> dict[tuple[str, str], list[float]]:
-        """Per cell, the seconds and rounds of this invocation, the current run's included."""
+    def _timed(self, spec: RunSpec | None, rounds_in_run: int) -> tuple[Tallies, Tallies]:
+        """Per cell, the seconds and rounds of this invocation after each run's first round
+        here, and those of the first rounds; the current run's (``spec``) included."""
         measured = {key: list(tally) for key, tally in self.measured.items()}
+        first = {key: list(tally) for key, tally in self.first.items()}
         if spec is None:
-            return measured
-        seconds, rounds = self._current(rounds_in_run)
-        tally = measured.setdefault(cell_key(spec), [0.0, 0])
-        tally[0], tally[1] = tally[0] + seconds, tally[1] + rounds
-        return measured
+            return measured, first
+        now, seen = self.clock(), self.first_seen
+        if seen is None:  # no round seen yet: all of it is the first round
+            seen = (now, max(self.run_start, rounds_in_run))
+        parts = (
+            (first, seen[0] - self.run_started, seen[1] - self.run_start),
+            (measured, now - seen[0], max(0, rounds_in_run - seen[1])),
+        )
+        for tallies, seconds, rounds in parts:
+            tally = tallies.setdefault(cell_key(spec), [0.0, 0])
+            tally[0], tally[1] = tally[0] + seconds, tally[1] + rounds
+        return measured, first
 
     def measured_per_round(self, spec: RunSpec, rounds_in_run: int) -> float:
-        """The seconds a round of the current run's cell, as timed in this invocation."""
-        seconds, rounds = self._measured(spec, rounds_in_run)[cell_key(spec)]
-        return seconds / rounds if rounds else math.nan
+        """The seconds a round of the current run's cell, as timed in this invocation: after
+        the runs' first rounds here once there is such a round, else with the start-up."""
+        measured, first = self._timed(spec, rounds_in_run)
+        for seconds, rounds in (measured[cell_key(spec)], first[cell_key(spec)]):
+            if rounds:
+                return seconds / rounds
+        return math.nan
 
     def seconds_per_round(
         self, spec: RunSpec | None = None, rounds_in_run: int = 0
     ) -> dict[tuple[str, str], float]:
         """Each open cell's expected seconds a round (NaN where nothing tells yet)."""
-        measured = self._measured(spec, rounds_in_run)
+        measured, first = self._timed(spec, rounds_in_run)
         rates = {key: s / r for key, (s, r) in measured.items() if r > 0}
+        with_start = {key: s / r for key, (s, r) in first.items() if r > 0}
         both = [key for key in rates if key in self.recorded and self.recorded[key] > 0]
         scale = (
             sum(measured[k][0] for k in both) / sum(self.recorded[k] * measured[k][1] for k in both)
             if both else 1.0
         )  # fmt: skip
-        spent = sum(s for s, _ in measured.values())
-        computed = sum(r for _, r in measured.values())
+        pooled = measured if rates else first
+        spent = sum(s for s, _ in pooled.values())
+        computed = sum(r for _, r in pooled.values())
         mean = spent / computed if computed else math.nan
         expected = {}
         for key in {cell_key(s) for s in self.open}:
@@ -674,14 +699,26 @@ class Progress:
             elif key in self.recorded:
                 expected[key] = self.recorded[key] * scale
             else:
-                expected[key] = mean
+                expected[key] = with_start.get(key, mean)
         return expected
+
+    def start_up_seconds(self, spec: RunSpec | None = None, rounds_in_run: int = 0) -> float:
+        """What a run's start costs beyond its first round: the mean over the runs timed
+        here of (first rounds' seconds - their rounds at their cell's rate); 0 until then."""
+        measured, first = self._timed(spec, rounds_in_run)
+        extra = [
+            seconds - rounds * measured[key][0] / measured[key][1]
+            for key, (seconds, rounds) in first.items()
+            if rounds and measured.get(key, [0.0, 0])[1]
+        ]
+        return max(0.0, sum(extra) / len(extra)) if extra else 0.0
 
     def seconds_left(self, spec: RunSpec | None = None, rounds_in_run: int = 0) -> float:
         """The estimate of the time the open runs still need (NaN while unknown); ``spec``:
         the run in progress, with ``rounds_in_run`` done."""
         expected = self.seconds_per_round(spec, rounds_in_run)
-        return sum(
+        to_start = sum(1 for s in self.open if s is not spec)
+        return to_start * self.start_up_seconds(spec, rounds_in_run) + sum(
             (s.num_rounds - (rounds_in_run if s is spec else self._ahead(s)))
             * expected[cell_key(s)]
             for s in self.open
@@ -875,6 +912,7 @@ class Session:
                 self.find_run_folder()
                 rounds = checkpoint_round(self.current)
                 if rounds != last:
+                    self.progress.observe(rounds)
                     print(self.progress.line(index, self.total, spec, rounds), flush=True)
                     self.rounds_run += max(0, rounds - max(last, attempt.after_round))
                     last = rounds

@@ -574,8 +574,10 @@ def finished_run(spec: RunSpec, seconds: float) -> None:
 def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> None:
     """A grid's cells cost differently (Ditto trains two models): the time left adds each
     cell's own seconds a round, from its records on disk until it has run here, scaled by
-    how this machine compares with the records of the cells it has run; the rounds an
-    interrupted run's checkpoint holds count as done and are not expected again."""
+    how this machine compares with the records of the cells it has run; a run's first
+    round here also pays its start-up, which is timed apart and expected once per run
+    still to start; the rounds an interrupted run's checkpoint holds count as done and
+    are not expected again."""
     config = write(tmp_path / "t3.toml", textwrap.dedent("""
         num-server-rounds = 4
         [experiment]
@@ -598,18 +600,25 @@ def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> Non
     fedavg, ditto = by["fedavg", 1], by["ditto", 1]
     progress.start(fedavg, 0)
     assert math.isnan(progress.seconds_left(fedavg, 0))  # nothing tells FedRep's cost yet
-    now[0] = 14.0  # this machine: 7 s a round where FedAvg's record says 5
-    assert progress.seconds_per_round(fedavg, 2)[cell_key(fedavg)] == 7.0
-    # FedAvg as measured, Ditto's record scaled by 7 / 5, FedRep at the mean measured
-    assert progress.seconds_left(fedavg, 2) == 2 * 7.0 + 2 * 14.0 + 8 * 7.0
+    now[0] = 10.0  # the first round: 3 s of start-up and 7 s of round
+    progress.observe(1)
+    assert "| 10.0 s/round |" in progress.line(3, 6, fedavg, 1)  # all there is to show yet
+    now[0] = 17.0  # this machine: 7 s a round where FedAvg's record says 5
+    progress.observe(2)
+    assert progress.seconds_per_round(fedavg, 2)[cell_key(fedavg)] == 7.0  # not 17 / 2
+    assert progress.start_up_seconds(fedavg, 2) == 3.0
+    # FedAvg as timed, Ditto's record scaled by 7 / 5, FedRep at the mean timed, and a
+    # start-up for each of the three runs still to start
+    assert progress.seconds_left(fedavg, 2) == 2 * 7.0 + 2 * 14.0 + 8 * 7.0 + 3 * 3.0
     assert "| 7.0 s/round |" in progress.line(3, 6, fedavg, 2)
-    now[0] = 28.0
+    now[0] = 31.0
+    progress.observe(4)
     progress.close(fedavg, 4)
     progress.start(ditto, 2)
     assert progress.done(2) == 3 * 4 + 2
-    assert progress.seconds_left(ditto, 2) == 2 * 14.0 + 8 * 7.0
+    assert progress.seconds_left(ditto, 2) == 2 * 14.0 + 8 * 7.0 + 2 * 3.0
     line = progress.line(4, 6, ditto, 2)  # the rate shown is timed, never a record's
-    assert "| ? s/round |" in line and "left ~1m24s, ETA" in line
+    assert "| ? s/round |" in line and "left ~1m30s, ETA" in line
 
 
 def test_progress_says_it_does_not_know_until_a_round_is_timed(tmp_path: Path) -> None:
