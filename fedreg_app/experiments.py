@@ -622,11 +622,13 @@ class Progress:
         self.measured: Tallies = {}
         #: per cell: seconds and rounds of each closed run's first round here (start-up in)
         self.first: Tallies = {}
+        self.starts: dict[tuple[str, str], int] = {}  # per cell: runs started here
         self.recorded = recorded_seconds(specs)
 
     def start(self, spec: RunSpec, rounds_at_start: int) -> None:
         self.current, self.run_start, self.run_started = spec, rounds_at_start, self.clock()
         self.first_seen = None
+        self.starts[cell_key(spec)] = self.starts.get(cell_key(spec), 0) + 1
 
     def observe(self, rounds_in_run: int) -> None:
         """The current run has ``rounds_in_run`` rounds checkpointed now."""
@@ -634,11 +636,12 @@ class Progress:
             self.first_seen = (self.clock(), rounds_in_run)
 
     def close(self, spec: RunSpec, rounds_in_run: int) -> None:
-        self.measured, self.first = self._timed(spec, rounds_in_run)
+        """``spec`` ended here with ``rounds_in_run`` rounds, or was given up unstarted."""
+        if spec is self.current:
+            self.measured, self.first = self._timed(spec, rounds_in_run)
+            self.current, self.run_start, self.first_seen = None, 0, None
         self.open = [s for s in self.open if s is not spec]
         self.rounds_closed += spec.num_rounds
-        self.current, self.run_start, self.first_seen = None, 0, None
-        self.run_started = self.clock()  # a run given up never starts
 
     def done(self, rounds_in_run: int = 0) -> int:
         """Rounds done over the grid: of closed runs, of the current one (``rounds_in_run``)
@@ -703,15 +706,17 @@ class Progress:
         return expected
 
     def start_up_seconds(self, spec: RunSpec | None = None, rounds_in_run: int = 0) -> float:
-        """What a run's start costs beyond its first round: the mean over the runs timed
-        here of (first rounds' seconds - their rounds at their cell's rate); 0 until then."""
+        """What a run's start costs beyond its first round: over the runs started here in
+        cells with a timed rate, the mean of (first rounds' seconds - those rounds at the
+        cell's rate); 0 until then."""
         measured, first = self._timed(spec, rounds_in_run)
-        extra = [
-            seconds - rounds * measured[key][0] / measured[key][1]
-            for key, (seconds, rounds) in first.items()
-            if rounds and measured.get(key, [0.0, 0])[1]
-        ]
-        return max(0.0, sum(extra) / len(extra)) if extra else 0.0
+        extra, starts = 0.0, 0
+        for key, (seconds, rounds) in first.items():
+            timed = measured.get(key)
+            if rounds and timed and timed[1]:
+                extra += seconds - rounds * timed[0] / timed[1]
+                starts += self.starts[key]
+        return max(0.0, extra / starts) if starts else 0.0
 
     def seconds_left(self, spec: RunSpec | None = None, rounds_in_run: int = 0) -> float:
         """The estimate of the time the open runs still need (NaN while unknown); ``spec``:

@@ -619,6 +619,9 @@ def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> Non
     assert progress.seconds_left(ditto, 2) == 2 * 14.0 + 8 * 7.0 + 2 * 3.0
     line = progress.line(4, 6, ditto, 2)  # the rate shown is timed, never a record's
     assert "| ? s/round |" in line and "left ~1m30s, ETA" in line
+    now[0] = 131.0
+    progress.close(by["fedrep", 0], 0)  # given up before it started: nothing timed
+    assert progress.seconds_left(ditto, 2) == 2 * 14.0 + 4 * 7.0 + 1 * 3.0
 
 
 def test_progress_says_it_does_not_know_until_a_round_is_timed(tmp_path: Path) -> None:
