@@ -286,8 +286,12 @@ class RunSpec:
         path, document = documents[-1]
         run = document.get("run", {})
         status = run.get("status") or "no status"
-        if status == RUNNING:
-            status = "still 'running' when flwr run ended (the ServerApp was stopped)"
+        if status == RUNNING:  # killed, or its last write failed (a full disk)
+            status = (
+                "still 'running' when flwr run ended: the ServerApp ended without writing "
+                f"its status (see {self.folder / 'flwr.log'}); its checkpoint is of round "
+                f"{checkpoint_round(path.parent)}, so the same command resumes it from there"
+            )
         error = "\n" + textwrap.indent(f"error: {run['error']}", "    ") if run.get("error") else ""
         return f"{path.parent} ({status}){error}"
 

@@ -3,6 +3,7 @@ degraded and failed runs."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedreg_app import experiments
+from fedreg_app import experiments, metrics
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.experiments import (
@@ -44,7 +45,7 @@ from fedreg_app.experiments import (
     write_run_config,
 )
 from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree
-from fedreg_app.metrics import BEST_OF
+from fedreg_app.metrics import BEST_OF, ResultsWriter, RoundRecord
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
 from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, mean_std
@@ -728,6 +729,38 @@ def test_a_run_killed_after_its_last_checkpoint_is_resumed_not_restarted(tmp_pat
     (spec,) = one_cell_specs(tmp_path, 1)
     last = load_config({**DECLARED, **spec.run_config}).num_server_rounds
     folder = interrupted_run(spec, "running", at_round=last)
+    attempt = decide(spec, DECLARED)
+    assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, last, None)
+
+
+def test_a_run_whose_final_status_write_fails_says_so_and_the_rerun_completes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fills as the ServerApp writes ``completed``: the atomic write leaves the
+    last round's results.json (status ``running``) in place. The runner's report names
+    the log and the checkpoint's round instead of guessing the run was stopped, and the
+    same command resumes it after that round (nothing left to train)."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    last = load_config({**DECLARED, **spec.run_config}).num_server_rounds
+    folder = interrupted_run(spec, "running", at_round=last)
+    document = json.loads((folder / "results.json").read_text())
+    writer = ResultsWriter(folder, document["config"], document["run"])  # as the ServerApp
+    for k in range(1, last + 1):
+        writer.add(RoundRecord(k, 0.5, 0.7, 0.0, 1.0, 1.0, 30))
+    before = (folder / "results.json").read_bytes()
+
+    def disk_full(path: Path, text: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(metrics, "write_text_atomic", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        writer.finish()
+    monkeypatch.undo()
+    assert (folder / "results.json").read_bytes() == before  # status: running, as left
+    assert spec.finished_results() is None
+    failure = spec.failure()
+    assert "ended without writing its status" in failure
+    assert str(spec.folder / "flwr.log") in failure and f"round {last}," in failure
     attempt = decide(spec, DECLARED)
     assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, last, None)
 
