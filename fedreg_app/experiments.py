@@ -287,10 +287,13 @@ class RunSpec:
         run = document.get("run", {})
         status = run.get("status") or "no status"
         if status == RUNNING:  # killed, or its last write failed (a full disk)
+            after = checkpoint_round(path.parent)
+            then = (f"its checkpoint is of round {after}, so the same command resumes it from "
+                    "there" if after else "it has no checkpoint, so the same command starts "
+                    "it anew")  # fmt: skip
             status = (
                 "still 'running' when flwr run ended: the ServerApp ended without writing "
-                f"its status (see {self.folder / 'flwr.log'}); its checkpoint is of round "
-                f"{checkpoint_round(path.parent)}, so the same command resumes it from there"
+                f"its status (see {self.folder / 'flwr.log'}); {then}"
             )
         error = "\n" + textwrap.indent(f"error: {run['error']}", "    ") if run.get("error") else ""
         return f"{path.parent} ({status}){error}"

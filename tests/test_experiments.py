@@ -763,6 +763,9 @@ def test_a_run_whose_final_status_write_fails_says_so_and_the_rerun_completes_it
     assert str(spec.folder / "flwr.log") in failure and f"round {last}," in failure
     attempt = decide(spec, DECLARED)
     assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, last, None)
+    shutil.rmtree(folder / "checkpoint")  # killed before its first checkpoint
+    assert "it has no checkpoint, so the same command starts it anew" in spec.failure()
+    assert decide(spec, DECLARED).resume is None
 
 
 def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothing(
