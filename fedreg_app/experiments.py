@@ -288,9 +288,9 @@ class RunSpec:
         status = run.get("status") or "no status"
         if status == RUNNING:  # killed, or its last write failed (a full disk)
             after = checkpoint_round(path.parent)
-            then = (f"its checkpoint is of round {after}, so the same command resumes it from "
-                    "there" if after else "it has no checkpoint, so the same command starts "
-                    "it anew")  # fmt: skip
+            then = "it has no checkpoint, so the same command starts it anew"
+            if after:
+                then = f"its checkpoint is of round {after}, so the same command resumes it there"
             status = (
                 "still 'running' when flwr run ended: the ServerApp ended without writing "
                 f"its status (see {self.folder / 'flwr.log'}); {then}"

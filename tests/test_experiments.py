@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedreg_app import experiments, metrics
+from fedreg_app import experiments, persist
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.experiments import (
@@ -749,14 +749,15 @@ def test_a_run_whose_final_status_write_fails_says_so_and_the_rerun_completes_it
         writer.add(RoundRecord(k, 0.5, 0.7, 0.0, 1.0, 1.0, 30))
     before = (folder / "results.json").read_bytes()
 
-    def disk_full(path: Path, text: str) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    def disk_full(fd: int) -> None:  # a full disk surfaces when the written data is synced
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(metrics, "write_text_atomic", disk_full)
+    monkeypatch.setattr(persist.os, "fsync", disk_full)
     with pytest.raises(OSError, match="No space left"):
         writer.finish()
     monkeypatch.undo()
     assert (folder / "results.json").read_bytes() == before  # status: running, as left
+    assert not list(folder.glob(".results.json.*"))  # the temporary file is gone too
     assert spec.finished_results() is None
     failure = spec.failure()
     assert "ended without writing its status" in failure
