@@ -24,6 +24,7 @@ import csv
 import io
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -362,3 +363,54 @@ def first_line(text: str) -> str:
     if lines[0].startswith("Traceback") or "Traceback (most recent call last)" in text:
         return lines[-1][:500]
     return lines[0][:500]
+
+
+#: Terminal colour codes, which Ray puts around the actor's name in its task errors.
+ANSI_CODES = re.compile(r"\x1b\[[0-9;]*m")
+#: How Flower words a ClientApp's exception in its error reply:
+#: ``str(type(ex)) + ":<'" + str(ex) + "'>"`` (``flwr/supernode/runtime/run_clientapp.py``
+#: in a deployment, ``flwr/server/superlink/fleet/vce/vce_api.py`` in the simulation).
+FLOWER_REASON = re.compile(r"<class '([^']+)'>:<'(.*)'>", re.DOTALL)
+#: The lines Python puts between the exceptions of a chain.
+CHAIN_SEPARATORS = re.compile(
+    r"^(?:The above exception was the direct cause of the following exception:"
+    r"|During handling of the above exception, another exception occurred:)$",
+    re.MULTILINE,
+)
+#: The wrapper the simulation's actor raises around every ClientApp exception.
+FLOWER_WRAPPER = "flwr.clientapp.client_app.ClientAppException"
+
+
+def client_error(reason: str) -> str:
+    """A client's failure as one line that names the exception, ``OSError: disk on fire``,
+    from the reason Flower's error reply carries. In a deployment that is
+    ``<class 'OSError'>:<'disk on fire'>``; in the simulation, the type is Ray's task
+    error and the message the actor's chained traceback (colour codes, its PID, and
+    Flower's ``ClientAppException`` around the ClientApp's own exception). Anything else
+    (Flower's own reasons) gives its first line."""
+    text = ANSI_CODES.sub("", str(reason)).strip()
+    match = FLOWER_REASON.fullmatch(text)
+    if match is None:
+        return first_line(text)
+    kind, message = match.groups()
+    if 'File "' in message:
+        raised = raised_in_traceback(message)
+        if raised is not None:
+            return raised[:500]
+    described = first_line(message) if message.strip() else ""
+    return f"{kind}: {described}"[:500] if described else kind
+
+
+def raised_in_traceback(text: str) -> str | None:
+    """The exception line (``OSError: disk on fire``) of the last exception of a printed
+    chain that is not Flower's wrapper: the one the ClientApp raised."""
+    raised = []
+    for block in CHAIN_SEPARATORS.split(text):
+        lines = block.splitlines()
+        frames = [i for i, line in enumerate(lines) if line.startswith('  File "')]
+        after = lines[frames[-1] + 1 :] if frames else lines  # Ray may drop the frames
+        found = next((line for line in after if line.strip() and not line[0].isspace()
+                      and not line.startswith("ray::")), None)  # fmt: skip
+        if found is not None and not found.startswith(FLOWER_WRAPPER):
+            raised.append(found.strip())
+    return raised[-1] if raised else None

@@ -38,7 +38,7 @@ from fedreg_app.data import (
     split_sizes,
 )
 from fedreg_app.environment import describe_environment
-from fedreg_app.metrics import ResultsWriter, RoundRecord, first_line, mark_stopped
+from fedreg_app.metrics import ResultsWriter, RoundRecord, client_error, mark_stopped
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder, release_folder
@@ -93,7 +93,7 @@ def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, NodeFacts]:
     for reply in exchange(grid, queries, timeout=60):
         node = reply.metadata.src_node_id
         if reply.has_error():
-            log(WARNING, "node %d did not answer: %s", node, first_line(reply.error.reason))
+            log(WARNING, "node %d did not answer: %s", node, client_error(reply.error.reason))
             continue
         try:
             metrics = reply.content[METRICS]
@@ -357,7 +357,7 @@ def run_phase(
         answered.add(node)
         pid = partition_of.get(node)
         if reply.has_error():
-            problem = first_line(reply.error.reason)
+            problem = client_error(reply.error.reason)
         elif pid is None:
             problem = "a reply from a node no message was sent to"
         else:

@@ -53,6 +53,12 @@ def error_reply(msg: Message, reason: str) -> Message:
     return Message(Error(code=0, reason=reason), reply_to=msg)
 
 
+def flower_reason(err: BaseException) -> str:
+    """The reason Flower's error reply gives for a ClientApp that raised ``err`` in a
+    deployment (``flwr/supernode/runtime/run_clientapp.py``, Flower 1.42)."""
+    return str(type(err)) + ":<'" + str(err) + "'>"
+
+
 class InProcessGrid:
     """Nodes ``1000 + partition`` running ``fedreg_app.client_app`` in this process."""
 
@@ -96,7 +102,7 @@ class InProcessGrid:
             try:
                 reply: Message | None = HANDLERS[phase](received, context)
             except Exception as err:  # a client that raises: Flower replies with an error
-                reply = error_reply(received, f"{type(err).__name__}: {err}")
+                reply = error_reply(received, flower_reason(err))
             # the node's context is kept between messages as Flower keeps it: serialized
             self.contexts[node] = context_from_proto(context_to_proto(context))
             fault = self.faults.get((phase, server_round, partition))

@@ -199,6 +199,52 @@ def test_server_sigkilled_mid_round_then_resumed_matches_an_uninterrupted_run(
     assert all(np.array_equal(final.model[k], reference.model[k]) for k in reference.model)
 
 
+def test_a_client_that_raises_in_the_simulation_is_recorded_by_its_exception(
+    superlink: LocalSuperLink, grey_dataset: Path, tmp_path: Path
+) -> None:
+    """A real client fault in Flower's Ray simulation: once the ServerApp has made its run
+    folder, a file takes the place of one sampled client's state folder, so the client's
+    ClientApp raises ``FileExistsError`` when it commits its state after training. Flower
+    hands the ServerApp Ray's task error (a chained traceback with colour codes); the
+    record names the client's own exception, and the run goes on without that client."""
+    seed = 13
+    victim = expected_sampled_clients(seed, 1)[0][0]
+    results_dir, state = tmp_path / "results", tmp_path / "state"
+    run_config = (
+        f"algo='fedreg' dataset-path='{grey_dataset}' local-epochs=1 fraction-train=0.5 "
+        f"min-partition-size=5 seed={seed} num-server-rounds=2 "
+        f"results-dir='{results_dir}' state-dir='{state}'"
+    )
+    log = (tmp_path / "run.log").open("w")
+    cli = subprocess.Popen(superlink.command(run_config, 4), cwd=superlink.app,
+                           env=superlink.env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not (folders := [p for p in results_dir.glob("*/") if p.is_dir()]):
+            assert time.monotonic() < deadline and cli.poll() is None, "no run folder"
+            time.sleep(0.005)
+        blocked = (state / "runs" / folders[0].name / f"partition-{victim}").resolve()
+        assert not blocked.exists(), "the client committed before the fault was placed"
+        blocked.parent.mkdir(parents=True, exist_ok=True)
+        blocked.write_text("not a folder")
+        assert cli.wait(timeout=600) == 0
+    finally:
+        if cli.poll() is None:
+            cli.terminate()
+            cli.wait(timeout=60)
+        log.close()
+    results = results_of(results_dir)
+    assert results["run"]["status"] == "degraded"
+    failed = {"phase": "train", "error": f"FileExistsError: [Errno 17] File exists: '{blocked}'"}
+    for record in results["rounds"]:
+        if victim in record["sampled_clients"]:
+            assert [{k: e[k] for k in ("phase", "error")} for e in record["errors"]] == [failed]
+            assert record["errors"][0]["partitions"] == [victim]
+            assert record["train_failures"] == 1 and record["train_replies"] == 1
+        else:
+            assert record["errors"] == [] and record["train_failures"] == 0
+
+
 def test_shakespeare_with_the_char_lstm_from_a_pretrained_model(
     superlink: LocalSuperLink, tmp_path: Path, shakespeare_like: Path
 ) -> None:

@@ -24,6 +24,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app
 from fedreg_app.config import ConfigError
+from fedreg_app.metrics import client_error
 from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import RUN_FOLDER_LOCK, FolderInUseError, load_arrays
@@ -47,7 +48,7 @@ from fedreg_app.registry import load_config
 from fedreg_app.training import EVAL_BATCH_ENV
 from strategies.fedreg import FedReGStrategy
 from tests.holders import SERVERAPP, held_elsewhere
-from tests.inprocess import ServerKilled, error_reply, results, run_server
+from tests.inprocess import ServerKilled, error_reply, flower_reason, results, run_server
 
 TRAIN, EVALUATE = MessageType.TRAIN, MessageType.EVALUATE
 
@@ -69,10 +70,9 @@ def final_model(results_dir: Path) -> dict[str, np.ndarray]:
     }
 
 
-def raising(reason: str):
-    return lambda msg, reply: error_reply(
-        msg, f"Traceback (most recent call last):\n  ...\n{reason}"
-    )
+def raising(err: Exception):
+    """A client that raised ``err``: the error reply Flower sends in its place."""
+    return lambda msg, reply: error_reply(msg, flower_reason(err))
 
 
 def test_a_client_failing_makes_the_run_degraded_and_the_personal_figure_partial(
@@ -81,7 +81,7 @@ def test_a_client_failing_makes_the_run_degraded_and_the_personal_figure_partial
     """Partition 2 raises during round 2's evaluation: the run finishes ``degraded``, the
     round's all-client personal accuracy is null, the partial one is kept with its
     coverage, and the error is recorded with the node it came from."""
-    faults = {(EVALUATE, 2, 2): raising("OSError: disk on fire")}
+    faults = {(EVALUATE, 2, 2): raising(OSError("disk on fire"))}
     _, stopped = run_server(base, faults=faults)
     assert stopped is None
     document = results(tmp_path / "results")
@@ -104,7 +104,7 @@ def test_a_client_failing_makes_the_run_degraded_and_the_personal_figure_partial
 def test_every_client_failing_fails_the_run_and_names_the_error(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
-    faults = {(TRAIN, 1, p): raising("RuntimeError: CUDA out of memory") for p in range(4)}
+    faults = {(TRAIN, 1, p): raising(RuntimeError("CUDA out of memory")) for p in range(4)}
     _, stopped = run_server(base, faults=faults)
     assert stopped is not None
     document = results(tmp_path / "results")
@@ -112,6 +112,78 @@ def test_every_client_failing_fails_the_run_and_names_the_error(
     assert "none of the 2 train replies was usable" in document["run"]["error"]
     assert "RuntimeError: CUDA out of memory" in document["run"]["error"]
     assert document["rounds"] == []
+
+
+#: The reason Flower 1.42's simulation (Ray 2.55) gave for a ClientApp that raised
+#: ``ValueError(...) from KeyError(...)``: verbatim, but for the paths.
+RAY_REASON = (
+    "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::"
+    "ClientAppActor.run()\x1b[39m (pid=1100, ip=192.0.2.2, actor_id=f3e19985dd"
+    "d9ddc255223b4801000000, repr=<flwr.simulation.ray_transport.ray_actor."
+    "ClientAppActor object at 0x7fd960408710>)\n"
+    "    ~~^^^^^^^^^^^\n"
+    "KeyError: 'weights'\n"
+    "\n"
+    "The above exception was the direct cause of the following exception:\n"
+    "\n"
+    "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=1100, ip=192.0.2.2, actor_id="
+    "f3e19985ddd9ddc255223b4801000000, repr=<flwr.simulation.ray_transport."
+    "ray_actor.ClientAppActor object at 0x7fd960408710>)\n"
+    '  File "/home/user/.venv/lib/python3.11/site-packages/flwr/simulation/'
+    'ray_transport/ray_actor.py", line 59, in run\n'
+    "    out_message = app(message=message, context=context)\n"
+    "                  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/home/user/.venv/lib/python3.11/site-packages/flwr/clientapp/c'
+    'lient_app.py", line 161, in __call__\n'
+    "    return self._registered_funcs[full_name](message, context)\n"
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/home/user/app/client.py", line 15, in train\n'
+    '    raise ValueError("no weights in the message") from err\n'
+    "ValueError: no weights in the message\n"
+    "\n"
+    "The above exception was the direct cause of the following exception:\n"
+    "\n"
+    "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=1100, ip=192.0.2.2, actor_id="
+    "f3e19985ddd9ddc255223b4801000000, repr=<flwr.simulation.ray_transport."
+    "ray_actor.ClientAppActor object at 0x7fd960408710>)\n"
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/home/user/.venv/lib/python3.11/site-packages/flwr/simulation/'
+    'ray_transport/ray_actor.py", line 65, in run\n'
+    "    raise ClientAppException(str(ex)) from ex\n"
+    "flwr.clientapp.client_app.ClientAppException: \n"
+    "Exception ClientAppException occurred. Message: no weights in the mess"
+    "age'>"
+)
+
+
+@pytest.mark.parametrize(
+    ("reason", "named"),
+    [
+        (RAY_REASON, "ValueError: no weights in the message"),
+        (
+            flower_reason(OSError(28, "No space left on device")),
+            "OSError: [Errno 28] No space left on device",
+        ),
+        (flower_reason(KeyError("head_p")), "KeyError: 'head_p'"),
+        (flower_reason(ValueError("")), "ValueError"),
+        (
+            flower_reason(RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")),
+            "RuntimeError: CUDA out of memory.",
+        ),
+        (
+            "An exception was raised when attempting to load `ClientApp`",
+            "An exception was raised when attempting to load `ClientApp`",
+        ),
+    ],
+)
+def test_a_client_error_is_recorded_as_the_exception_the_client_raised(
+    reason: str, named: str
+) -> None:
+    """Flower wraps a ClientApp's exception as ``<class 'T'>:<'message'>``; in the
+    simulation T is Ray's task error and the message a chained traceback with colour
+    codes and Flower's own wrapper. The record names the client's exception, one line."""
+    assert client_error(reason) == named
 
 
 def test_a_run_that_cannot_start_still_writes_failed_results(
@@ -249,7 +321,8 @@ def test_a_crafted_training_reply_is_dropped_never_averaged(
     config = {**base, "num-server-rounds": 1}
     victim = first_sampled(config)
     crafted_dir, failed_dir = tmp_path / "crafted", tmp_path / "failed"
-    for folder, fault in ((failed_dir, raising("dropped")), (crafted_dir, craft(change))):
+    dropped = raising(ConnectionError("dropped"))
+    for folder, fault in ((failed_dir, dropped), (crafted_dir, craft(change))):
         _, stopped = run_server({**config, "results-dir": str(folder)},
                                 faults={(TRAIN, 1, victim): fault})  # fmt: skip
         assert stopped is None
@@ -374,7 +447,7 @@ def test_a_client_that_grows_its_weight_after_an_honest_round_is_dropped_even_ac
     bit-identical to a run in which that client simply failed in round 2."""
     config = {**base, "fraction-train": 1.0, "num-server-rounds": 2}
     failed = {**config, "results-dir": str(tmp_path / "failed"), "state-dir": str(tmp_path / "sf")}
-    run_server(failed, faults={(TRAIN, 2, 0): raising("dropped")})
+    run_server(failed, faults={(TRAIN, 2, 0): raising(ConnectionError("dropped"))})
     part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
     _, stopped = run_server(part, run_id=2, kill_after=(TRAIN, 2, 1))
     assert isinstance(stopped, ServerKilled)
