@@ -1,7 +1,7 @@
 """A federation in this process, for fault tests: the real ServerApp ``main`` drives the
 real ClientApp handlers through a Grid that delivers messages by calling them, and lets a
 test replace chosen replies by crafted ones, raise in a client, or "kill the server"
-(stop it dead) after a chosen reply, as a SIGKILL would.
+(stop it dead) after a chosen reply, leaving the disk as a SIGKILL would.
 
 It is not Flower's transport, but what crosses it does: every message, every reply
 and every node's context between messages goes through Flower's protobuf serialization,
@@ -12,8 +12,11 @@ honest client would send.
 
 from __future__ import annotations
 
+import gc
 import json
-from collections.abc import Callable, Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from flwr.common.serde import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedreg_app import client_app, server_app
+from fedreg_app import client_app, data, server_app
 from fedreg_app.protocol import CONFIG, SERVER_ROUND
 
 #: A fault: given the message and the honest reply (None if the client raised), the
@@ -39,9 +42,47 @@ HANDLERS = {
 }
 
 
+class DiskAtKill:
+    """A copy of a run's folders (``results-dir``, ``state-dir``) as they were at one
+    moment, to put back later: what a SIGKILL at that moment leaves on disk."""
+
+    def __init__(self, run_config: Mapping[str, Any]) -> None:
+        self.copies = Path(tempfile.mkdtemp(prefix="disk-at-kill-"))
+        self.folders = [Path(run_config[key]) for key in ("results-dir", "state-dir")
+                        if run_config.get(key)]  # fmt: skip
+        for index, folder in enumerate(self.folders):
+            if folder.exists():
+                shutil.copytree(folder, self.copies / str(index), symlinks=True)
+
+    def restore(self) -> None:
+        for index, folder in enumerate(self.folders):
+            shutil.rmtree(folder, ignore_errors=True)
+            if (self.copies / str(index)).exists():
+                shutil.copytree(self.copies / str(index), folder, symlinks=True)
+        shutil.rmtree(self.copies, ignore_errors=True)
+
+
 class ServerKilled(BaseException):  # noqa: N818 - it stands for a signal, not an error
-    """Raised inside the ServerApp to stop it dead, like SIGKILL: nothing after runs
-    except what a killed process would not do either (tests then ignore its status)."""
+    """Raised inside the ServerApp to stop it dead, like SIGKILL. In this process the
+    ServerApp's own handlers still run as it unwinds (its ``except BaseException`` writes
+    ``failed`` and closes its files, its ``finally`` drops the folder lock), which a
+    killed process never does. So the run's folders are copied where it is raised, and
+    :func:`run_server` puts the copy back: the disk is what the kill left (results.json
+    still ``running``, nothing flushed after). It also forgets the process's caches, as
+    the process that resumes a killed run starts without them."""
+
+    def __init__(self, why: str, run_config: Mapping[str, Any]) -> None:
+        super().__init__(why)
+        self.disk = DiskAtKill(run_config)
+
+
+def forget_process_caches() -> None:
+    """What a new process would not have: decoded datasets, partitions, validated
+    configs (and, through them, the rebalanced datasets built from those partitions)."""
+    for cached in (data.federated_dataset, data.load_info, data.client_splits,
+                   client_app._validated):  # fmt: skip
+        cached.cache_clear()
+    gc.collect()  # the rebalanced datasets are kept per partition, weakly
 
 
 def over_the_wire(msg: Message) -> Message:
@@ -71,6 +112,7 @@ class InProcessGrid:
     ) -> None:
         """``faults[(phase, round, partition)]`` rewrites that reply; ``kill_after =
         (phase, round, n)`` kills the server once ``n`` replies of that phase came back."""
+        self.run_config = run_config
         self.faults = faults or {}
         self.kill_after = kill_after
         self.contexts = {
@@ -113,7 +155,8 @@ class InProcessGrid:
                 self.delivered.append((phase, server_round, partition))
             if self.kill_after == (phase, server_round, counted):
                 raise ServerKilled(
-                    f"killed after {counted} {phase} replies of round {server_round}"
+                    f"killed after {counted} {phase} replies of round {server_round}",
+                    self.run_config,
                 )
         return ids
 
@@ -131,6 +174,10 @@ def run_server(
                       run_config=dict(run_config))  # fmt: skip
     try:
         server_app.main(grid, context)  # type: ignore[arg-type]
+    except ServerKilled as killed:
+        killed.disk.restore()
+        forget_process_caches()
+        return grid, killed
     except BaseException as err:  # noqa: BLE001 - the caller decides what it expected
         return grid, err
     return grid, None

@@ -143,6 +143,7 @@ def test_a_failed_client_does_not_count_and_a_resumed_run_reports_the_same(
     for record in whole:
         assert 0.0 <= record["personal_accuracy_sampled"] <= 1.0
     assert isinstance(run("part", run_id=2, kill_after=(MessageType.TRAIN, 2, 1)), ServerKilled)
+    assert results(tmp_path / "part")["run"]["status"] == "running"  # as a SIGKILL left it
     [folder] = list((tmp_path / "part").glob("*/"))
     state = json.loads((folder / "checkpoint" / "state.json").read_text())
     assert state["round"] == 1 and state["strategy_state"]["trained_partitions"] == [2]

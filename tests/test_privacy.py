@@ -276,6 +276,7 @@ def test_a_killed_and_resumed_private_run_equals_an_uninterrupted_one(
     _, stopped = run_server(federated(grey_dataset, tmp_path / "a", **settings),
                             kill_after=("train", 3, 1))  # fmt: skip
     assert isinstance(stopped, ServerKilled)
+    assert results(tmp_path / "a" / "results")["run"]["status"] == "running"  # as a SIGKILL left it
     [folder] = list((tmp_path / "a" / "results").glob("*/"))
     resumed = federated(grey_dataset, tmp_path / "a", **settings, resume=str(folder))
     assert run_server(resumed, run_id=2)[1] is None

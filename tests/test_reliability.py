@@ -451,6 +451,7 @@ def test_a_client_that_grows_its_weight_after_an_honest_round_is_dropped_even_ac
     part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
     _, stopped = run_server(part, run_id=2, kill_after=(TRAIN, 2, 1))
     assert isinstance(stopped, ServerKilled)
+    assert results(tmp_path / "part")["run"]["status"] == "running"  # as a SIGKILL left it
     [run_folder] = list((tmp_path / "part").glob("*/"))
     _, stopped = run_server({**part, "resume": str(run_folder)}, run_id=3,
                             faults={(TRAIN, 2, 0): craft(_grown_weight)})  # fmt: skip
@@ -528,6 +529,7 @@ def test_server_killed_after_a_client_saved_its_next_state_resumes_exactly(
     part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
     grid, stopped = run_server(part, run_id=2, kill_after=(TRAIN, 2, 1))
     assert isinstance(stopped, ServerKilled)
+    assert results(tmp_path / "part")["run"]["status"] == "running"  # as a SIGKILL left it
     [run_folder] = list((tmp_path / "part").glob("*/"))
     state = json.loads((run_folder / "checkpoint" / "state.json").read_text())
     assert state["round"] == 1  # the checkpoint is round 1's ...
@@ -554,6 +556,7 @@ def test_a_run_folder_another_serverapp_still_writes_is_not_resumed(
     config = {**base, "state-dir": str(tmp_path / "state")}
     _, stopped = run_server(config, kill_after=(TRAIN, 2, 1))
     assert isinstance(stopped, ServerKilled)
+    assert results(tmp_path / "results")["run"]["status"] == "running"  # as a SIGKILL left it
     [folder] = [p.parent for p in (tmp_path / "results").glob("*/results.json")]
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     with held_elsewhere(folder):
@@ -581,6 +584,7 @@ def killed_in_round_2(config: dict[str, Any], tmp_path: Path) -> Path:
     """A FedReG run (clients keep state) killed in round 2: its run folder."""
     _, stopped = run_server(config, kill_after=(TRAIN, 2, 1))
     assert isinstance(stopped, ServerKilled)
+    assert results(tmp_path / "results")["run"]["status"] == "running"  # as a SIGKILL left it
     [folder] = [p.parent for p in (tmp_path / "results").glob("*/results.json")]
     return folder
 
@@ -658,7 +662,9 @@ def test_a_serverapp_stopped_by_a_signal_says_stopped_and_resumes(
     assert stopped is None and results_of(folder)["run"]["status"] == "completed"
 
 
-def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, of_round: int) -> None:
+def kill_after_checkpoint(
+    monkeypatch: pytest.MonkeyPatch, of_round: int, run_config: dict[str, Any]
+) -> None:
     """The server dies right after round ``of_round``'s checkpoint is committed, before
     anything else runs (the results' final status, the next round): a SIGKILL there."""
     from fedreg_app import server_app
@@ -668,7 +674,7 @@ def kill_after_checkpoint(monkeypatch: pytest.MonkeyPatch, of_round: int) -> Non
     def then_die(folder: Path, server_round: int, *args: Any) -> None:
         commit(folder, server_round, *args)
         if server_round == of_round:
-            raise ServerKilled(f"killed after round {server_round}'s checkpoint")
+            raise ServerKilled(f"killed after round {server_round}'s checkpoint", run_config)
 
     monkeypatch.setattr(server_app, "save_checkpoint", then_die)
 
@@ -689,9 +695,10 @@ def test_server_killed_after_its_last_checkpoint_resumes_to_the_same_end(
     assert run_server(whole)[1] is None
     part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
     with monkeypatch.context() as patch:
-        kill_after_checkpoint(patch, last)
+        kill_after_checkpoint(patch, last, part)
         _, stopped = run_server(part, run_id=2)
     assert isinstance(stopped, ServerKilled)
+    assert results(tmp_path / "part")["run"]["status"] == "running"  # as a SIGKILL left it
     [run_folder] = list((tmp_path / "part").glob("*/"))
     grid, stopped = run_server({**part, "resume": str(run_folder)}, run_id=3)
     assert stopped is None

@@ -104,7 +104,7 @@ def test_events_of_a_killed_and_resumed_run_equal_its_results(
 ) -> None:
     """The server dies in round 3's training (as under SIGKILL); the resumed run's event
     files hold each round once, equal to results.json and to an uninterrupted run's."""
-    from tests.inprocess import ServerKilled, run_server
+    from tests.inprocess import ServerKilled, results, run_server
 
     def config(where: Path, **extra: Any) -> dict[str, Any]:
         return {"algo": "fedavg", "dataset-path": str(grey_dataset), "local-epochs": 1,
@@ -114,6 +114,7 @@ def test_events_of_a_killed_and_resumed_run_equal_its_results(
 
     _, stopped = run_server(config(tmp_path / "a"), kill_after=("train", 3, 1))
     assert isinstance(stopped, ServerKilled)
+    assert results(tmp_path / "a" / "results")["run"]["status"] == "running"  # as a SIGKILL left it
     [folder] = list((tmp_path / "a" / "results").glob("*/"))
     _, stopped = run_server(config(tmp_path / "a", resume=str(folder)), run_id=2)
     assert stopped is None
