@@ -505,7 +505,11 @@ seeds = {seeds}
 
 
 @pytest.mark.e2e
-def test_runner_runs_resumes_and_summarises(grey_dataset: Path, tmp_path: Path, capsys) -> None:
+def test_runner_runs_a_grid_summarises_it_and_skips_it_once_finished(
+    grey_dataset: Path, tmp_path: Path, capsys
+) -> None:
+    """The resume of interrupted runs is tested below, with real stops; here a finished
+    grid run again trains nothing."""
     config = tiny_config(tmp_path, grey_dataset, algo="fedavg", rounds=2, seeds=2)
     out = tmp_path / "out"
     assert main([str(config), "--out", str(out)]) == 0
@@ -514,7 +518,6 @@ def test_runner_runs_resumes_and_summarises(grey_dataset: Path, tmp_path: Path, 
     assert "[run 2/2 | round 2/2]" in printed
     summary = (out / "summary.md").read_text()
     assert "| tiny | fedavg |" in summary and "2/2 |" in summary
-    # Resume: a completed grid runs nothing again.
     assert main([str(config), "--out", str(out)]) == 0
     assert "2 of 2 runs already finished; 0 to run" in capsys.readouterr().out
 

@@ -16,7 +16,7 @@ from fedreg_app.config import ConfigError
 from fedreg_app.data import PartitionKey, load_union_split
 from fedreg_app.models import BASE, HEAD_G
 from fedreg_app.registry import get_algorithm, load_config
-from tests.inprocess import results, run_server
+from tests.inprocess import ServerKilled, results, run_server
 
 
 def reference_config(dataset: Path, tmp_path: Path, algo: str, **extra: Any) -> dict[str, Any]:
@@ -90,26 +90,31 @@ def test_centralised_training_runs_in_the_server_on_the_union_of_train_splits(
 def test_a_resumed_centralised_run_equals_an_uninterrupted_one(
     grey_dataset: Path, tmp_path: Path
 ) -> None:
-    """Stopped after round 1 (its checkpoint keeps the optimizer's momentum), resumed
-    in a fresh strategy: the same weights and figures as three rounds in one go."""
+    """Killed in round 2's evaluation, after the server trained round 2 and before its
+    checkpoint (round 1's keeps the optimizer's momentum), resumed in a fresh strategy:
+    the same weights and figures as three rounds in one go."""
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    run_server(reference_config(grey_dataset, whole, "centralised", **{"num-server-rounds": 3}))
-    run_server(reference_config(grey_dataset, parts, "centralised", **{"num-server-rounds": 1}))
+    settings = {"num-server-rounds": 3}
+    assert run_server(reference_config(grey_dataset, whole, "centralised", **settings))[1] is None
+    killed = reference_config(grey_dataset, parts, "centralised", **settings)
+    _, stopped = run_server(killed, kill_after=("evaluate", 2, 1))
+    assert isinstance(stopped, ServerKilled)
     [folder] = list((parts / "results").glob("*/"))
+    assert results(parts / "results")["run"]["status"] == "running"  # as a SIGKILL left it
     checkpoint, _ = Checkpoint.load(folder)
+    assert checkpoint.round == 1
     assert any(k.startswith("momentum/") for k in checkpoint.strategy_arrays)
-    resumed = reference_config(grey_dataset, parts, "centralised",
-                               **{"num-server-rounds": 3, "resume": str(folder)})  # fmt: skip
-    _, stopped = run_server(resumed, run_id=2)
+    _, stopped = run_server({**killed, "resume": str(folder)}, run_id=2)
     assert stopped is None
     ours, theirs = (
         Checkpoint.load(folder)[0],
         Checkpoint.load(next((whole / "results").glob("*/")))[0],
     )
+    assert ours.round == theirs.round == 3 and ours.model.keys() == theirs.model.keys()
     for name in ours.model:
         np.testing.assert_array_equal(ours.model[name], theirs.model[name])
     accuracy = [[r["global_accuracy"] for r in the_run(p)["rounds"]] for p in (whole, parts)]
-    assert accuracy[0] == accuracy[1]
+    assert len(accuracy[0]) == 3 and accuracy[0] == accuracy[1]
 
 
 def test_centralised_momentum_of_the_wrong_shape_is_refused(grey_dataset: Path) -> None:

@@ -647,7 +647,11 @@ def test_a_serverapp_stopped_by_a_signal_says_stopped_and_resumes(
 ) -> None:
     """In a deployment Flower turns SIGTERM into `sys.exit(0)` inside the ServerApp: the
     run read `failed` (`SystemExit: 0`), which the runner restarts from round 1. Now it
-    reads `stopped` after its last checkpoint, and its resume ends as the whole run."""
+    reads `stopped` after its last checkpoint, and its resume ends as the whole run: the
+    same rounds, global model and clients' state as an uninterrupted run, round 1's
+    record as the stopped run wrote it."""
+    whole = {**base, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
+    assert run_server(whole)[1] is None
     config = {**base, "state-dir": str(tmp_path / "state")}
 
     def stop(msg: Message, reply: Message | None) -> Message:
@@ -658,8 +662,15 @@ def test_a_serverapp_stopped_by_a_signal_says_stopped_and_resumes(
     [folder] = [p.parent for p in (tmp_path / "results").glob("*/results.json")]
     run = results_of(folder)["run"]
     assert run["status"] == "stopped" and run["stopped"]["after_round"] == 1, run
+    round_1 = results_of(folder)["rounds"]
+    assert [r["round"] for r in round_1] == [1]
     _, stopped = run_server({**config, "resume": str(folder)}, run_id=3)
-    assert stopped is None and results_of(folder)["run"]["status"] == "completed"
+    resumed, expected = results_of(folder), results(tmp_path / "whole")
+    assert stopped is None and resumed["run"]["status"] == "completed"
+    assert resumed["rounds"][:1] == round_1
+    assert per_round(resumed) == per_round(expected)
+    assert_same_arrays(final_model(tmp_path / "results"), final_model(tmp_path / "whole"))
+    assert_same_arrays(client_states(tmp_path / "state"), client_states(tmp_path / "sw"))
 
 
 def kill_after_checkpoint(
