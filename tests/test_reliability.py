@@ -23,6 +23,7 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app
+from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.metrics import client_error
 from fedreg_app.models import group_of, initial_model
@@ -48,7 +49,14 @@ from fedreg_app.registry import load_config
 from fedreg_app.training import EVAL_BATCH_ENV
 from strategies.fedreg import FedReGStrategy
 from tests.holders import SERVERAPP, held_elsewhere
-from tests.inprocess import ServerKilled, error_reply, flower_reason, results, run_server
+from tests.inprocess import (
+    Fault,
+    ServerKilled,
+    error_reply,
+    flower_reason,
+    results,
+    run_server,
+)
 
 TRAIN, EVALUATE = MessageType.TRAIN, MessageType.EVALUATE
 
@@ -342,10 +350,28 @@ def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_pat
         metrics["personal-correct"] = metrics[NUM_TEST] + 50  # more correct than tested
         return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
 
-    run_server({**base, "num-server-rounds": 1}, faults={(EVALUATE, 1, 3): inflate})
-    record = results(tmp_path / "results")["rounds"][0]
+    record = evaluated_with(base, tmp_path / "crafted", 1, inflate)
     assert record["eval_failures"] == 1 and record["personal_accuracy"] is None
-    assert 0 <= record["personal_accuracy_answered"] <= 1
+    assert "personal-correct" in record["errors"][0]["error"], record["errors"]
+    assert evaluation(record) == evaluation(evaluated_with(base, tmp_path / "failed", 1, None))
+
+
+def evaluated_with(
+    base: dict[str, Any], results_dir: Path, in_round: int, fault: Fault | None, rounds: int = 1
+) -> dict[str, Any]:
+    """Round ``in_round``'s record of a run in which partition 3's evaluation reply of that
+    round is ``fault``'s (None: the client raised)."""
+    fault = fault or raising(OSError("evaluation failed"))
+    config = {**base, "num-server-rounds": rounds, "results-dir": str(results_dir)}
+    run_server(config, faults={(EVALUATE, in_round, 3): fault})
+    return results(results_dir)["rounds"][in_round - 1]
+
+
+def evaluation(record: dict[str, Any]) -> tuple:
+    """What a round's personal figures were made of: the answered accuracy, its coverage,
+    each client's accuracy."""
+    return (record["personal_accuracy_answered"], record["personal_coverage"],
+            record["client_accuracies"])  # fmt: skip
 
 
 def test_an_evaluation_reply_with_a_cost_that_would_end_the_run_is_dropped(
@@ -399,12 +425,16 @@ def test_finite_replies_whose_aggregate_overflows_stop_the_run_before_a_checkpoi
 
     faults = {(TRAIN, 2, pid): craft(huge) for pid in range(4)}
     config = {**base, "algo": "feddyn", "num-server-rounds": 3}
-    _, stopped = run_server(config, faults=faults)
+    grid, stopped = run_server(config, faults=faults)
     document = results(tmp_path / "results")
     assert document["run"]["status"] == "failed", document["run"]
     assert "round 2: the new global model aggregated from 2 checked replies holds NaN or " \
            "infinite values" in document["run"]["error"]  # fmt: skip
     assert [r["round"] for r in document["rounds"]] == [1]
+    sent_after = [d for d in grid.delivered if d[1] > 2 or (d[0] == EVALUATE and d[1] == 2)]
+    assert sent_after == []  # the model was sent to no client, for evaluation or training
+    [folder] = list((tmp_path / "results").glob("*/"))
+    assert Checkpoint.load(folder)[0].round == 1
     model = final_model(tmp_path / "results")
     assert model and all(np.isfinite(v).all() and np.abs(v).max() < 1e3 for v in model.values())
 
@@ -484,12 +514,13 @@ def test_an_evaluation_reply_that_changes_its_test_size_or_counts_fractions_is_n
         change(metrics)
         return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
 
-    run_server({**base, "num-server-rounds": 2}, faults={(EVALUATE, in_round, 3): fault})
-    rounds = results(tmp_path / "results")["rounds"]
-    record = rounds[in_round - 1]
+    record = evaluated_with(base, tmp_path / "crafted", in_round, fault, rounds=2)
+    rounds = results(tmp_path / "crafted")["rounds"]
     assert record["eval_failures"] == 1 and record["personal_accuracy"] is None
     assert reason in record["errors"][0]["error"], record["errors"]
-    assert all(r["eval_failures"] == 0 for r in rounds if r is not record)
+    assert all(r["eval_failures"] == 0 for r in rounds if r != record)
+    failed = evaluated_with(base, tmp_path / "failed", in_round, None, rounds=2)
+    assert evaluation(record) == evaluation(failed)  # as if the client had not answered
 
 
 # ------------------------------------------------------------------- resume
