@@ -49,6 +49,19 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     fsync_folder(path.parent)
 
 
+def remove_leftover_temporaries(folder: Path) -> list[Path]:
+    """Delete the temporary files :func:`write_atomic` left under ``folder`` when its
+    process was killed mid-write (``.<name>.<random>.tmp``; what they held was never
+    renamed into place, so nothing reads them). Only for a folder this process holds
+    (a run folder under its lock): another writer's file in progress would look alike."""
+    removed = []
+    for path in sorted(folder.rglob(".*.tmp")):
+        if path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def fsync_folder(folder: Path) -> None:
     """Make renames and new entries in ``folder`` durable (a no-op where unsupported)."""
     try:

@@ -41,7 +41,12 @@ from fedreg_app.environment import describe_environment
 from fedreg_app.metrics import ResultsWriter, RoundRecord, client_error, mark_stopped
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import RUN_FOLDER_LOCK, hold_folder, release_folder
+from fedreg_app.persist import (
+    RUN_FOLDER_LOCK,
+    hold_folder,
+    release_folder,
+    remove_leftover_temporaries,
+)
 from fedreg_app.privacy import require_accounting
 from fedreg_app.protocol import (
     COMPUTE_SECONDS,
@@ -732,6 +737,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     if config.resume:
         checkpoint, resumed_folder = Checkpoint.load(Path(config.resume))
         hold_run_folder(resumed_folder, context.run_id)
+        for leftover in remove_leftover_temporaries(resumed_folder):
+            log(INFO, "removed %s, a write its killed process never finished", leftover)
         checkpoint.check_compatible(config, algorithm.resume_fixed)
         if algorithm.client.keeps_state(config):
             check_state_key(checkpoint.state_key, resumed_folder)

@@ -380,3 +380,57 @@ def test_damaged_rebalanced_cache_is_moved_aside_and_rebuilt(
     from_disk = cached_rebalanced(train, 4, "mean", "simple", 5, disk=path)  # rewritten whole
     assert torch.equal(from_disk.data.x, built.data.x)
     assert len(list(path.parent.glob("*.corrupt-*"))) == 1
+
+
+def test_a_resume_removes_the_temporary_files_of_writes_its_killed_process_left(
+    tmp_path: Path,
+) -> None:
+    """``write_atomic``'s temporary files, left by a SIGKILL mid-write (see
+    ``test_experiments.py::test_a_run_sigkilled_while_writing…``), are deleted when the
+    run folder is resumed under its lock; the files of the run are kept."""
+    from fedreg_app.persist import remove_leftover_temporaries
+
+    checkpoint_of(6).save(tmp_path)
+    kept = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    left = [tmp_path / ".results.json.k2x9_q.tmp",
+            next(tmp_path.glob("checkpoint/round-*")) / ".model.npz.a81hf0.tmp"]  # fmt: skip
+    for path in left:
+        path.write_bytes(b'{"run": ')
+    (tmp_path / "notes.tmp").write_text("a user's file")  # not a name write_atomic makes
+    assert sorted(remove_leftover_temporaries(tmp_path)) == sorted(left)
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        [*kept, tmp_path / "notes.tmp"]
+    )
+    assert_same(Checkpoint.load(tmp_path)[0], checkpoint_of(6))
+
+
+def test_a_non_finite_number_is_written_as_null_with_a_warning_naming_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """JSON has no NaN or Infinity: a round whose costs hold them (a clock gone wrong) is
+    written as strict JSON, each such number null and named in a warning, so that strict
+    readers (browsers, jq) still read results.json."""
+    import logging
+    import math
+
+    from fedreg_app.metrics import ResultsWriter, RoundRecord
+
+    writer = ResultsWriter(tmp_path / "run", {"algo": "fedavg"}, {"run_id": 1})
+    record = RoundRecord(1, 0.5, math.nan, None, math.inf, -math.inf, 30)
+    record.client_accuracies = {"0": 0.5, "1": math.nan}
+    with caplog.at_level(logging.WARNING):
+        writer.add(record)
+
+    def no_constants(token: str) -> None:
+        raise AssertionError(f"{token} in results.json")
+
+    document = json.loads(writer.json_path.read_text(), parse_constant=no_constants)
+    [round_1] = document["rounds"]
+    assert (round_1["personal_accuracy"], round_1["train_seconds"], round_1["eval_seconds"]) == (
+        None, None, None)  # fmt: skip
+    assert round_1["client_accuracies"] == {"0": 0.5, "1": None}
+    assert round_1["global_accuracy"] == 0.5 and round_1["num_train_examples"] == 30
+    warned = caplog.text
+    for where in ("rounds[0].personal_accuracy", "rounds[0].train_seconds",
+                  "rounds[0].client_accuracies.1"):  # fmt: skip
+        assert f"{where} is" in warned, warned

@@ -772,6 +772,64 @@ def test_a_run_whose_final_status_write_fails_says_so_and_the_rerun_completes_it
     assert decide(spec, DECLARED).resume is None
 
 
+#: A ServerApp's last write, made in a process of its own and stopped where a SIGKILL
+#: hurts most: the new results.json is written to its temporary file, not yet synced
+#: nor renamed into place.
+KILLED_MID_WRITE = """
+import json, sys, time
+from pathlib import Path
+from fedreg_app import persist
+from fedreg_app.metrics import ResultsWriter, RoundRecord
+folder, last, signals = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+document = json.loads((folder / "results.json").read_text())
+writer = ResultsWriter(folder, document["config"], document["run"])
+for k in range(1, last + 1):
+    writer.add(RoundRecord(k, 0.5, 0.7, 0.0, 1.0, 1.0, 30))
+(signals / "before").write_bytes((folder / "results.json").read_bytes())
+def wait_for_the_kill(fd):
+    (signals / "ready").touch()
+    time.sleep(300)
+persist.os.fsync = wait_for_the_kill
+writer.finish()
+"""
+
+
+def test_a_run_sigkilled_while_writing_its_final_status_keeps_its_last_results(
+    tmp_path: Path,
+) -> None:
+    """The ServerApp's process is SIGKILLed by PID inside the atomic write of
+    ``completed``: no cleanup runs, so the temporary file stays beside results.json. The
+    last round's results.json is intact (status ``running``), the leftover is ignored,
+    and the same command resumes the run after its last round."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    last = load_config({**DECLARED, **spec.run_config}).num_server_rounds
+    folder = interrupted_run(spec, "running", at_round=last)
+    signals = tmp_path / "signals"
+    signals.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", KILLED_MID_WRITE, str(folder), str(last),
+                              str(signals)])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (signals / "ready").exists():
+            assert child.poll() is None and time.monotonic() < deadline, "never reached"
+            time.sleep(0.01)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert (folder / "results.json").read_bytes() == (signals / "before").read_bytes()
+    [leftover] = list(folder.glob(".results.json.*.tmp"))
+    assert json.loads(leftover.read_text())["run"]["status"] == "completed"  # never renamed
+    assert spec.finished_results() is None
+    assert json.loads((folder / "results.json").read_text())["run"]["status"] == "running"
+    assert "ended without writing its status" in spec.failure()
+    attempt = decide(spec, DECLARED)
+    assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, last, None)
+    assert pending_state(spec, DECLARED) == (f"resumes after round {last}/{last}; its status "
+                                             "says running: in progress now, or killed "
+                                             "unawares", last)  # fmt: skip
+
+
 def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothing(
     tmp_path: Path, capsys
 ) -> None:

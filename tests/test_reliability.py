@@ -566,8 +566,10 @@ def test_server_killed_after_a_client_saved_its_next_state_resumes_exactly(
     assert state["round"] == 1  # the checkpoint is round 1's ...
     ahead = list((tmp_path / "sp").glob("runs/*/partition-*/round-000002"))
     assert len(ahead) == 1  # ... but one client already committed its round-2 state
+    unfinished_write = run_folder / ".results.json.x7k2m9.tmp"  # as a kill mid-write leaves
+    unfinished_write.write_text('{"run": ')
     _, stopped = run_server({**part, "resume": str(run_folder)}, run_id=3)
-    assert stopped is None
+    assert stopped is None and not unfinished_write.exists()
     expected, resumed = results(tmp_path / "whole"), results(tmp_path / "part")
     assert resumed["run"]["status"] == "completed"
     assert per_round(resumed) == per_round(expected)
