@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -192,6 +193,38 @@ def test_a_client_error_is_recorded_as_the_exception_the_client_raised(
     simulation T is Ray's task error and the message a chained traceback with colour
     codes and Flower's own wrapper. The record names the client's exception, one line."""
     assert client_error(reason) == named
+
+
+@pytest.mark.parametrize("phase", [TRAIN, EVALUATE])
+def test_a_client_that_never_answers_is_given_up_after_the_reply_timeout(
+    phase: str, base: dict[str, Any], tmp_path: Path
+) -> None:
+    """Partition 1 goes silent in round 2 (a device that dropped off the network without
+    an error): the server stops waiting after `reply-timeout`, counts it as a failure that
+    says so, and the round's figures and model equal those of a run in which the same
+    client replied with an error."""
+
+    def silent(msg: Message, reply: Message | None) -> None:
+        return None
+
+    config = {**base, "fraction-train": 1.0, "num-server-rounds": 2, "reply-timeout": 1.0}
+    started = time.monotonic()
+    run_server({**config, "results-dir": str(tmp_path / "silent")},
+               faults={(phase, 2, 1): silent})  # fmt: skip
+    waited = time.monotonic() - started
+    run_server({**config, "results-dir": str(tmp_path / "failed")},
+               faults={(phase, 2, 1): raising(ConnectionError("node gone"))})  # fmt: skip
+    silent_run, failed_run = results(tmp_path / "silent"), results(tmp_path / "failed")
+    record = silent_run["rounds"][1]
+    failures = "train_failures" if phase == TRAIN else "eval_failures"
+    assert record[failures] == 1 and silent_run["run"]["status"] == "degraded"
+    assert record["errors"] == [{"phase": "train" if phase == TRAIN else "evaluate",
+                                 "error": "no reply within reply-timeout=1s",
+                                 "nodes": [1001], "partitions": [1]}]  # fmt: skip
+    assert waited >= 1.0  # it did wait for the silent client
+    assert per_round(silent_run) == per_round(failed_run)
+    assert evaluation(record) == evaluation(failed_run["rounds"][1])
+    assert_same_arrays(final_model(tmp_path / "silent"), final_model(tmp_path / "failed"))
 
 
 def test_a_run_that_cannot_start_still_writes_failed_results(
