@@ -761,15 +761,19 @@ def test_server_killed_after_its_last_checkpoint_resumes_to_the_same_end(
     ends_early: bool, base: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Killed after the checkpoint of the run's last round (the configured last, or the
-    round an algorithm ends on by itself, as deviation tracking does): the resume trains
-    no round more and completes with the uninterrupted run's rounds and model."""
+    round an algorithm ends on by itself: FedBABU with deviation tracking, whose sigma_w
+    falls in round 3 here, fine-tunes one round and ends after round 4 of 6): the resume
+    trains no round more and completes with the uninterrupted run's rounds and model."""
+    config = {**base, "num-server-rounds": 3}
     last = 3
-    if ends_early:  # this algorithm ends after round 2 of 4
-        monkeypatch.setattr(FedReGStrategy, "finished", lambda self, r: r >= 2)
-        last = 2
-    config = {**base, "num-server-rounds": 3 + ends_early}
+    if ends_early:
+        config = {**base, "algo": "fedbabu-deviation", "num-server-rounds": 6,
+                  "deviation-window": 1, "deviation-epsilon": 1.0,
+                  "deviation-finetune-rounds": 1}  # fmt: skip
+        last = 4
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
     assert run_server(whole)[1] is None
+    assert len(results(tmp_path / "whole")["rounds"]) == last  # it did end by itself
     part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
     with monkeypatch.context() as patch:
         kill_after_checkpoint(patch, last, part)
