@@ -13,6 +13,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
+from clients.fedbabu_deviation import FINETUNE_PHASE
 from fedreg_app import client_app
 from fedreg_app.client_state import MANIFEST, NO_USABLE_VERSION, VersionedState, version_name
 from fedreg_app.models import BASE, HEAD_G, initial_model
@@ -152,6 +153,7 @@ def train_message(
     server_round: Any,
     records: dict[str, Any] | None = None,
     groups: tuple[str, ...] = (BASE, HEAD_G),
+    config: dict[str, Any] | None = None,
 ) -> Message:
     """A train message as the server sends it (the initial model's ``groups``), over the
     wire; ``server_round`` and any further ``records`` go in as given, crafted or not."""
@@ -161,7 +163,9 @@ def train_message(
         {
             ARRAYS: to_record(model.group_state(*groups)),
             **(records or {}),
-            CONFIG: ConfigRecord({SERVER_ROUND: server_round, STATE_KEY: "run-1"}),
+            CONFIG: ConfigRecord(
+                {SERVER_ROUND: server_round, STATE_KEY: "run-1", **(config or {})}
+            ),  # fmt: skip
         }
     )
     return over_the_wire(Message(content, message_type=MessageType.TRAIN, dst_node_id=1000))
@@ -206,6 +210,27 @@ def test_a_message_whose_round_is_not_an_integer_from_1_is_refused_untouched(
     context = node_context(run_config)
     message = train_message(context, crafted)
     with pytest.raises(ValueError, match=f"{SERVER_ROUND}={crafted!r}"):
+        client_app.train(message, context)
+    assert snapshot(tmp_path / "state") == before
+
+
+@pytest.mark.parametrize("crafted", ["false", "true", 0, 1, 1.0])
+def test_a_deviation_phase_that_is_not_a_bool_is_refused_through_the_message_untouched(
+    grey_dataset: Path, tmp_path: Path, crafted: Any
+) -> None:
+    """FedBABU with deviation tracking reads from the server whether the fine-tune phase
+    has begun. A string "false" was read as truthy and switched the node to training its
+    head; an int or a float was taken on trust. Sent over the wire in a train message,
+    each is refused naming the key, before the node's state is read or written."""
+    run_config = {**node_config(grey_dataset, tmp_path / "state"),
+                  "algo": "fedbabu-deviation"}  # fmt: skip
+    context = node_context(run_config)
+    client_app.train(train_message(context, 1, config={FINETUNE_PHASE: False}), context)
+    before = snapshot(tmp_path / "state")
+    assert any("round-000001" in path for path in before)
+    context = node_context(run_config)
+    message = train_message(context, 2, config={FINETUNE_PHASE: crafted})
+    with pytest.raises(ValueError, match=f"{FINETUNE_PHASE}={crafted!r}"):
         client_app.train(message, context)
     assert snapshot(tmp_path / "state") == before
 
