@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -324,24 +325,63 @@ def test_the_cache_of_a_replaced_dataset_is_deleted_and_no_other(tmp_path: Path)
     assert not kept.exists()
 
 
+def as_clients_read(path: Path, state_dir: Path, partition: int = 0) -> list[ClientData]:
+    """A partition's data as a client gets it: from the process's cache and from the
+    node's disk cache (state-dir); a client builds its key per message."""
+    key = key_for(path)
+    return [node_data(key, partition, None)[1],
+            node_data(key, partition, data_cache_folder(state_dir, key))[1]]  # fmt: skip
+
+
+def same_data(got: ClientData, want: ClientData) -> bool:
+    return all(torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+               for a, b in ((got.train, want.train), (got.test, want.test)))  # fmt: skip
+
+
 def test_a_dataset_replaced_at_the_same_path_is_decoded_again(tmp_path: Path) -> None:
     """Decoded partitions are cached in the process and on a node's disk (state-dir):
     a dataset re-downloaded or re-converted at the same path must not leave clients on
     the old images while the server reads the new ones."""
     dataset, state_dir = tmp_path / "dataset", tmp_path / "state"
     write_image_dataset(dataset, seed=0)
-
-    def as_a_client_reads(path: Path) -> list[ClientData]:
-        key = key_for(path)  # a client builds its key per message
-        return [node_data(key, 0, None)[1], node_data(key, 0, data_cache_folder(state_dir, key))[1]]
-
-    old = as_a_client_reads(dataset)
+    old = as_clients_read(dataset, state_dir)
     shutil.rmtree(dataset)
     write_image_dataset(dataset, seed=1, n_train=280)
     expected = decode_client_data(
         key_for(write_image_dataset(tmp_path / "fresh", seed=1, n_train=280)), 0
     )
-    for before, now in zip(old, as_a_client_reads(dataset), strict=True):
+    for before, now in zip(old, as_clients_read(dataset, state_dir), strict=True):
         assert not torch.equal(now.train.y, before.train.y) or len(now.train) != len(before.train)
-        for got, want in ((now.train, expected.train), (now.test, expected.test)):
-            assert torch.equal(got.x, want.x) and torch.equal(got.y, want.y)
+        assert same_data(now, expected)
+
+
+def test_a_dataset_changed_in_place_at_the_same_size_is_decoded_again(tmp_path: Path) -> None:
+    """Two training labels swapped in place (a relabelled copy, say): every file keeps
+    its size, so only its modification time tells the caches the data changed."""
+    from datasets import Dataset
+
+    dataset, state_dir, fresh = tmp_path / "dataset", tmp_path / "state", tmp_path / "fresh"
+    write_image_dataset(dataset, seed=0)
+    old = [as_clients_read(dataset, state_dir, p) for p in range(4)]
+    train = dataset / "train.parquet"
+    rows = Dataset.from_parquet(str(train))
+    labels = list(rows["label"])
+    other = next(i for i, label in enumerate(labels) if label != labels[0])
+    labels[0], labels[other] = labels[other], labels[0]
+    shutil.copytree(dataset, fresh)
+    relabelled = rows.remove_columns("label").add_column(
+        "label", labels, feature=rows.features["label"]
+    )
+    relabelled.to_parquet(str(fresh / "train.parquet"))
+    size, mtime = train.stat().st_size, train.stat().st_mtime_ns
+    shutil.copyfile(fresh / "train.parquet", train)
+    os.utime(train, ns=(mtime + 10**9, mtime + 10**9))  # a coarse clock still tells it apart
+    assert train.stat().st_size == size
+    changed = 0
+    for partition in range(4):
+        expected = decode_client_data(key_for(fresh), partition)
+        now = as_clients_read(dataset, state_dir, partition)
+        for before, got in zip(old[partition], now, strict=True):
+            assert same_data(got, expected)
+            changed += not same_data(before, expected)
+    assert changed  # the swap reached some client's data
