@@ -434,3 +434,49 @@ def test_a_non_finite_number_is_written_as_null_with_a_warning_naming_it(
     for where in ("rounds[0].personal_accuracy", "rounds[0].train_seconds",
                   "rounds[0].client_accuracies.1"):  # fmt: skip
         assert f"{where} is" in warned, warned
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def _lead_out(path: Path) -> None:
+    state = json.loads(path.read_text())
+    body = {k: v for k, v in state.items() if k != "sha256"} | {"folder": "../../elsewhere"}
+    save_json(path, {**body, "sha256": checkpoint_module._body_hash(body)})
+
+
+@pytest.mark.parametrize(
+    ("damaged", "damage"),
+    [
+        ("round/model.npz", _truncate),
+        ("round/model.npz", _flip),
+        ("round/strategy.npz", Path.unlink),
+        ("state.json", Path.unlink),
+        ("state.json", lambda p: p.write_text("\x00garbage\xff")),
+        ("state.json", lambda p: p.write_text(p.read_text().replace('"round": 2', '"round": 3'))),
+        ("state.json", _lead_out),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_what_to_do_untouched(
+    tmp_path: Path, damaged: str, damage: Callable[[Path], None]
+) -> None:
+    """Whatever the damage, the resume is refused with a message that names the damaged
+    file and says what to do, and the run folder is left byte for byte as it was."""
+    round_folder = saved(tmp_path, 2)
+    path = (round_folder / damaged.removeprefix("round/") if damaged.startswith("round/")
+            else tmp_path / "checkpoint" / damaged)  # fmt: skip
+    damage(path)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    with pytest.raises(ConfigError) as excinfo:
+        Checkpoint.load(tmp_path)
+    message = clean_error(excinfo)
+    assert str(path.resolve()) in message, message
+    assert "start the run anew" in message, message
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
