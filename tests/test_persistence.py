@@ -232,12 +232,15 @@ def hold_through(lock_name: str, folder: Path) -> None:
         release_folder(hold_folder(folder, lock_name, "a ServerApp (PID 1, run 1)"))
 
 
-def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
-    """A FIFO planted as the lock: neither the holder nor the probe hangs opening it."""
-    os.mkfifo(tmp_path / RUN_FOLDER_LOCK)
-    with pytest.raises(UnsafeLockError, match="not a regular file"):
-        hold_folder(tmp_path, RUN_FOLDER_LOCK, "a ServerApp (PID 1, run 1)")
-    assert folder_holder(tmp_path, RUN_FOLDER_LOCK) is None
+@pytest.mark.parametrize("lock_name", [RUN_FOLDER_LOCK, RUNNER_LOCK])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused(tmp_path: Path, lock_name: str) -> None:
+    """A FIFO planted as the lock (a ServerApp's run folder, a runner's --out): neither
+    the holder nor the probe hangs opening it, and the refusal names the path."""
+    os.mkfifo(tmp_path / lock_name)
+    with pytest.raises((UnsafeLockError, FolderInUseError), match="not a regular file") as caught:
+        hold_through(lock_name, tmp_path)
+    assert str(tmp_path / lock_name) in str(caught.value)
+    assert folder_holder(tmp_path, lock_name) is None
 
 
 @pytest.mark.parametrize("lock_name", [RUN_FOLDER_LOCK, RUNNER_LOCK])
