@@ -27,7 +27,14 @@ from pathlib import Path
 import pytest
 
 from fedreg_app.deployment import LocalDeployment
-from fedreg_app.launcher import BIN, QUIET_OFFLINE_ENV, descendants, free_port, stop_process
+from fedreg_app.launcher import (
+    BIN,
+    QUIET_OFFLINE_ENV,
+    LocalSuperLink,
+    descendants,
+    free_port,
+    stop_process,
+)
 from tests.test_deployment import wait_for
 
 pytestmark = [
@@ -507,7 +514,8 @@ def test_the_readme_stops_exactly_the_managed_local_superlink(
     probe_app: Path, tmp_path: Path
 ) -> None:
     """README: ``flwr run`` leaves a detached simulation SuperLink running; this finds it
-    by its port and stops it with what it spawned, mid-run."""
+    by its port and stops it with what it spawned, mid-run. Another SuperLink on the
+    machine (another user's, on other ports) keeps running."""
     port = free_port()
     env = base_env(
         FLWR_HOME=str(tmp_path / "flwr_home"),
@@ -530,8 +538,12 @@ def test_the_readme_stops_exactly_the_managed_local_superlink(
         # SuperLink, SuperExec, the simulation and Ray's processes
         wait_for(lambda: len(tree([pid])) > 5, 120, "Ray to start")
         started = tree([pid])
-        subprocess.run(["bash", "-c", readme_stop_commands()], env=env, check=True, timeout=120)
-        assert_all_stopped(started, timeout=15)
+        with LocalSuperLink(tmp_path / "another_users_home") as other:
+            assert other.process is not None and other.process.pid not in started
+            subprocess.run(["bash", "-c", readme_stop_commands()], env=env, check=True,
+                           timeout=120)  # fmt: skip
+            assert_all_stopped(started, timeout=15)
+            assert other.process.poll() is None  # the other SuperLink was left alone
     finally:
         for leftover in [p for p in started if alive(p)]:  # only if the above failed
             os.kill(leftover, 9)
