@@ -19,7 +19,7 @@ from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from fedreg_app.config import AlgorithmOptions, RunConfig, at_least, option
 from fedreg_app.data import ClientData, DatasetInfo, PartitionKey, TensorData
-from fedreg_app.models import BASE, HEAD_G, SplitModel, initial_model
+from fedreg_app.models import BASE, HEAD_G, SplitModel, checked_value, initial_model
 from fedreg_app.protocol import (
     GLOBAL_CORRECT,
     NUM_EXAMPLES,
@@ -267,12 +267,10 @@ class ClientProcedure:
         restored: list[torch.Tensor | None] = []
         for name, param in zip(names, trainable, strict=True):
             buffer = buffers.get(name)
-            if buffer is not None and buffer.shape != tuple(param.shape):
-                raise ValueError(
-                    f"client state {optimizer_record(stream)!r}: momentum of {name!r} has "
-                    f"shape {buffer.shape}, the parameter {tuple(param.shape)}"
-                )
-            restored.append(None if buffer is None else torch.tensor(buffer, device=self.device))
+            if buffer is not None:  # read from the node's disk: shape, dtype, finite
+                where = f"client state {optimizer_record(stream)!r}: momentum of {name!r}"
+                buffer = checked_value(where, buffer, param.detach()).to(self.device)
+            restored.append(None if buffer is None else buffer.clone())
         return restored
 
     def keep_optimizer(self, stream: int, model: nn.Module, optimizer: MomentumSGD) -> None:

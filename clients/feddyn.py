@@ -15,7 +15,7 @@ from torch import nn
 from clients.base import snapshot, squared_distance
 from clients.fedavg import FedAvgClient
 from fedreg_app.config import AlgorithmOptions, option
-from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.models import BASE, HEAD_G, checked_value
 from fedreg_app.records import from_record, to_record
 from fedreg_app.training import LossFn
 
@@ -49,7 +49,13 @@ class FedDynClient(FedAvgClient):
             return [torch.zeros_like(p) for p in trainable]
         stored = from_record(self.setup.state[CORRECTION])
         names = self.model.parameter_names_of(BASE, HEAD_G)
-        return [torch.as_tensor(stored[name]).to(self.device) for name in names]
+        if set(stored) != set(names):  # read from the node's disk: checked like the model
+            raise ValueError(f"client state {CORRECTION!r}: keys {sorted(stored)} are not "
+                             f"the trained parameters {names}")  # fmt: skip
+        return [
+            checked_value(f"client state {CORRECTION!r}: {name}", stored[name], p).to(self.device)
+            for name, p in zip(names, trainable, strict=True)
+        ]
 
     def after_local_training(self, trainable: Sequence[nn.Parameter]) -> None:
         alpha = self.config.options_as(FedDynOptions).alpha

@@ -112,7 +112,13 @@ class FedSeqClient(ClientProcedure):
             trainable_keys = self.model.parameter_names_of(BASE, HEAD_G)
         else:
             layers = unfrozen_at(self.model, self.config, self.anti, server_round)
-            self.model.load_entries(of_layers(global_arrays, layers))  # the rest: seeded init
+            expected = of_layers(dict.fromkeys(self.model.state_dict()), layers)
+            if set(global_arrays) != set(expected):  # what the strategy sends, no more
+                missing = sorted(set(expected) - set(global_arrays))
+                extra = sorted(set(global_arrays) - set(expected))
+                raise KeyError(f"round {server_round} trains layers {layers}: missing keys "
+                               f"{missing}, unexpected keys {extra}")  # fmt: skip
+            self.model.load_entries(global_arrays)  # the rest: seeded init
             trainable_keys = list(of_layers(dict.fromkeys(self.model.parameter_names_of(BASE)),
                                             layers))  # fmt: skip
         named = dict(self.model.named_parameters())

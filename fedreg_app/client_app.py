@@ -14,8 +14,17 @@ from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 
+import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
@@ -161,7 +170,7 @@ def persistent_state(
         return
     # The ServerApp names the run's state (the same across a server resume, which gets a
     # new Flower run id), so personalization carries over.
-    state_key = str(msg.content[CONFIG].get(STATE_KEY) or context.run_id)
+    state_key = state_key_of(msg, context)
     versions = VersionedState(state_folder(state_dir, state_key, setup.data.partition_id))
     # Training in round t starts from the state before t; evaluation sees round t's.
     upto = server_round - 1 if msg.metadata.message_type == MessageType.TRAIN else server_round
@@ -175,6 +184,20 @@ def persistent_state(
     versions.release(context.state)
 
 
+def state_key_of(msg: Message, context: Context) -> str:
+    """The name the run's private state is kept under: a string from the server (the
+    run folder's name), or this Flower run's id when the server names none (or ""). Anything
+    else is refused: ``True`` or ``1.5`` would silently start the node's state afresh
+    under ``runs/True``."""
+    value = msg.content[CONFIG].get(STATE_KEY)
+    if value is None or value == "":
+        return str(context.run_id)
+    if not isinstance(value, str):
+        raise ValueError(f"{STATE_KEY}={value!r} from the server is not allowed: expected "
+                         "the run folder's name")  # fmt: skip
+    return value
+
+
 @app.query()
 def query(msg: Message, context: Context) -> Message:
     """Which partition this node serves; the ServerApp maps partitions to nodes."""
@@ -182,7 +205,11 @@ def query(msg: Message, context: Context) -> Message:
     on_disk = state_dir_of(node, run_config_of(context)) is not None
     facts = {PARTITION_ID: node.partition_id, NUM_PARTITIONS: node.num_partitions}
     metrics = MetricRecord({**facts, STATE_ON_DISK: int(on_disk)})
-    if QUERY in msg.content.config_records and msg.content[QUERY].get(WEIGHTS_QUERY):
+    asked = msg.content[QUERY].get(WEIGHTS_QUERY) if QUERY in msg.content.config_records else None
+    if asked not in (None, True, False):  # a string "false" is not a no
+        raise ValueError(f"{WEIGHTS_QUERY}={asked!r} from the server is not allowed: "
+                         "expected true/false")  # fmt: skip
+    if asked:
         setup = client_setup(context)  # central DP asks once for the weights
         metrics.update(get_algorithm(setup.config.algo).client(setup).aggregation_weights())
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
@@ -205,6 +232,8 @@ def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, di
     """The algorithm's client procedure for this node, and the server's arrays."""
     procedure = get_algorithm(setup.config.algo).client(setup)
     procedure.server_config = dict(msg.content[CONFIG])
+    if ARRAYS not in msg.content.array_records:
+        raise ValueError(f"the server's message has no {ARRAYS!r} record (the model)")
     return procedure, from_record(msg.content[ARRAYS])
 
 
@@ -265,9 +294,29 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
         procedure, arrays = procedure_for(setup, msg)
         started = time.perf_counter()
         metrics, reply_arrays = work(procedure, arrays, server_round, msg)
+        refuse_non_finite(context.state, reply_arrays, server_round)  # before any commit
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
     seconds = timings(received, time.perf_counter() - started)
     return reply(msg, procedure, {**metrics, STATE_RESETS: len(resets)}, seconds, **records)
+
+
+def refuse_non_finite(state: RecordDict, reply_arrays: dict | None, server_round: int) -> None:
+    """Raise (a ValueError naming the first such array) when this round left NaN or
+    infinite values in the node's private state or in its reply: training diverged (a
+    learning rate too high) or the server sent a model of finite but huge values. The
+    state is then neither committed nor kept, so the node's next round starts from its
+    last sound state instead of failing (or training on NaN) in every round after."""
+    parts = [(f"private state {name!r}", from_record(record))
+             for name, record in state.items() if isinstance(record, ArrayRecord)]  # fmt: skip
+    parts.append(("the reply", reply_arrays or {}))
+    for where, arrays in parts:
+        for key, value in arrays.items():
+            if np.issubdtype(value.dtype, np.floating) and not np.isfinite(value).all():
+                raise ValueError(
+                    f"round {server_round} left NaN or infinite values in {where}, {key}: "
+                    "nothing of this round is kept or sent (its training diverged, or the "
+                    "server's model held values too large to train on)"
+                )
 
 
 def train_work(procedure: ClientProcedure, arrays: dict, server_round: int, msg: Message) -> tuple:
@@ -307,7 +356,12 @@ def evaluate_work(
     """Personal and (when the server sends the rest of it) global model, one pass."""
     global_parts = None
     if GLOBAL_ARRAYS in msg.content.array_records:
-        whole = {**arrays, **from_record(msg.content[GLOBAL_ARRAYS])}
+        rest = from_record(msg.content[GLOBAL_ARRAYS])
+        overlap = sorted(set(rest) & set(arrays))
+        if overlap:  # the global figure must be of the model that was sent
+            raise ValueError(f"{GLOBAL_ARRAYS}: keys {overlap} are also in the sent arrays: "
+                             "expected only the entries not sent")  # fmt: skip
+        whole = {**arrays, **rest}
         global_parts = global_model_parts(procedure.setup, whole)
     return procedure.evaluate(arrays, server_round, global_parts), None
 

@@ -39,7 +39,12 @@ def checked_value(key: str, value: object, into: torch.Tensor) -> torch.Tensor:
     values come from the wire (the server's message) or the disk (private state, an
     ``init-model`` file); ``copy_`` alone would broadcast a wrong shape and cast a wrong
     dtype without a word, and a NaN would be trained on and saved as private state."""
-    tensor = torch.as_tensor(value)
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        value = value.astype(value.dtype.newbyteorder("="))  # the same numbers, read here
+    try:
+        tensor = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{key}: cannot be read as a tensor ({err})") from None
     if tuple(tensor.shape) != tuple(into.shape) or tensor.dtype != into.dtype:
         raise ValueError(
             f"{key}: got {str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}, "

@@ -225,11 +225,13 @@ def test_a_deviation_phase_that_is_not_a_bool_is_refused_through_the_message_unt
     run_config = {**node_config(grey_dataset, tmp_path / "state"),
                   "algo": "fedbabu-deviation"}  # fmt: skip
     context = node_context(run_config)
-    client_app.train(train_message(context, 1, config={FINETUNE_PHASE: False}), context)
+    client_app.train(
+        train_message(context, 1, groups=(BASE,), config={FINETUNE_PHASE: False}), context
+    )
     before = snapshot(tmp_path / "state")
     assert any("round-000001" in path for path in before)
     context = node_context(run_config)
-    message = train_message(context, 2, config={FINETUNE_PHASE: crafted})
+    message = train_message(context, 2, groups=(BASE,), config={FINETUNE_PHASE: crafted})
     with pytest.raises(ValueError, match=f"{FINETUNE_PHASE}={crafted!r}"):
         client_app.train(message, context)
     assert snapshot(tmp_path / "state") == before
@@ -285,3 +287,180 @@ def test_a_version_that_does_not_say_when_its_state_began_counts_when_lost(
     state = RecordDict()
     assert versions.restore(state, 3).reset == [NO_USABLE_VERSION] and not state
     assert not list(tmp_path.iterdir())
+
+
+def honest_arrays(context: Context, groups: tuple[str, ...] = (BASE, HEAD_G)) -> dict:
+    setup = client_app.client_setup(context)
+    return initial_model(setup.info, setup.config).group_state(*groups)
+
+
+def message_with(context: Context, server_round: int, arrays: dict,
+                 config: dict[str, Any] | None = None,
+                 message_type: str = MessageType.TRAIN, **records: Any) -> Message:  # fmt: skip
+    """A message carrying exactly ``arrays`` (crafted or not) and ``records``."""
+    content = RecordDict({ARRAYS: to_record(arrays), **records, CONFIG: ConfigRecord(
+        {SERVER_ROUND: server_round, STATE_KEY: "run-1", **(config or {})})})  # fmt: skip
+    return over_the_wire(Message(content, message_type=message_type, dst_node_id=1000))
+
+
+@pytest.mark.parametrize("algo", ["fedreg", "feddyn", "fedavg"])
+def test_a_round_that_leaves_non_finite_state_is_not_kept_and_the_next_round_trains(
+    grey_dataset: Path, tmp_path: Path, algo: str
+) -> None:
+    """A global model of finite but huge values (1e30) makes training overflow. The
+    client saved the NaN it produced as its private state (FedReG's head_p and momentum,
+    FedDyn's correction), and then failed, or trained on NaN, in every round after. Now
+    the round is refused with a message saying so, nothing of it is saved, and the next
+    honest round trains from the last sound state."""
+    run_config = {**node_config(grey_dataset, tmp_path / "state"), "algo": algo}
+    context = node_context(run_config)
+    client_app.train(message_with(context, 1, honest_arrays(context)), context)
+    before = snapshot(tmp_path / "state")
+    huge = {k: v * np.float32(1e30) for k, v in honest_arrays(context).items()}
+    context = node_context(run_config)
+    with pytest.raises(ValueError, match="round 2 left NaN or infinite values in"):
+        client_app.train(message_with(context, 2, huge), context)
+    assert snapshot(tmp_path / "state") == before
+    context = node_context(run_config)
+    reply = client_app.train(message_with(context, 2, honest_arrays(context)), context)
+    assert all(np.isfinite(v).all() for v in from_record(reply.content[ARRAYS]).values())
+    assert reply.content[METRICS][STATE_RESETS] == 0
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (lambda v: v[:1].copy(), "got float32"),
+        (lambda v: np.full_like(v, np.nan), "holds NaN or infinite values"),
+        (lambda v: v.astype(np.float64), "got float64"),
+    ],
+)
+def test_a_feddyn_correction_or_momentum_of_the_wrong_kind_on_disk_is_refused(
+    grey_dataset: Path, tmp_path: Path, damage: Any, problem: str
+) -> None:
+    """FedDyn's correction and the optimizer's momentum are read back from the node's
+    disk, where a consistent manifest does not make them right: a wrong shape broadcast
+    silently into the loss, a NaN was trained on. Each is checked against its parameter
+    as the model's own entries are, and refused naming the record."""
+    from clients.feddyn import CORRECTION
+
+    run_config = {**node_config(grey_dataset, tmp_path / "state"), "algo": "feddyn"}
+    context = node_context(run_config)
+    client_app.train(message_with(context, 1, honest_arrays(context)), context)
+    for record in (CORRECTION, "optimizer-0"):
+        [folder] = list((tmp_path / "state").glob("runs/*/partition-0"))
+        versions = VersionedState(folder)
+        state = RecordDict()
+        versions.restore(state, 1)
+        assert record in state, list(state)
+        arrays = from_record(state[record])
+        state[record] = to_record({k: damage(v) for k, v in arrays.items()})
+        versions.commit(state, 1)  # rewritten with a consistent manifest
+        context = node_context(run_config)
+        with pytest.raises(ValueError, match=f"client state '{record}'.*{problem}"):
+            client_app.train(message_with(context, 2, honest_arrays(context)), context)
+        state[record] = to_record(arrays)
+        versions.commit(state, 1)
+
+
+@pytest.mark.parametrize(
+    ("algo", "config", "crafted", "problem"),
+    [
+        ("fedseq-vanilla", {}, lambda a: {}, "missing keys"),
+        (
+            "fedseq-vanilla",
+            {},
+            lambda a: {k: v for k, v in a.items() if k.startswith("head_g")},
+            "unexpected keys",
+        ),
+        ("fedbabu-deviation", {FINETUNE_PHASE: False}, lambda a: {}, "expected the groups"),
+        (
+            "fedbabu-deviation",
+            {FINETUNE_PHASE: True},
+            lambda a: {k: v for k, v in a.items() if k.startswith(BASE)},
+            "expected the groups",
+        ),
+        ("fedbabu-deviation", {FINETUNE_PHASE: False}, lambda a: a, "expected the groups"),
+    ],
+)
+def test_a_train_message_without_the_arrays_its_phase_trains_is_refused_untouched(
+    grey_dataset: Path, tmp_path: Path, algo: str, config: dict, crafted: Any, problem: str
+) -> None:
+    """FedSeq's layer phase and FedBABU with deviation tracking load only what was sent:
+    a message missing the layers (or the base, or the head of the fine-tune phase) had
+    the client train them from its seeded initial weights and save that momentum."""
+    run_config = {**node_config(grey_dataset, tmp_path / "state"), "algo": algo,
+                  "num-server-rounds": 10}  # fmt: skip
+    context = node_context(run_config)
+    first = (
+        honest_arrays(context, (BASE,))
+        if algo == "fedbabu-deviation"
+        else {k: v for k, v in honest_arrays(context).items() if k.startswith("base.0.")}
+    )
+    client_app.train(message_with(context, 1, first, {FINETUNE_PHASE: False}), context)
+    before = snapshot(tmp_path / "state")
+    context = node_context(run_config)
+    with pytest.raises(KeyError, match=problem):
+        client_app.train(message_with(context, 2, crafted(honest_arrays(context)), config),
+                         context)  # fmt: skip
+    assert snapshot(tmp_path / "state") == before
+
+
+@pytest.mark.parametrize("crafted", [True, 1.5, 3])
+def test_a_state_key_that_is_not_a_name_is_refused_untouched(
+    grey_dataset: Path, tmp_path: Path, crafted: Any
+) -> None:
+    """``True`` or ``1.5`` were made strings: the node's state went to ``runs/True`` and
+    its personalization silently started afresh, uncounted."""
+    run_config = node_config(grey_dataset, tmp_path / "state")
+    context = node_context(run_config)
+    client_app.train(message_with(context, 1, honest_arrays(context)), context)
+    before = snapshot(tmp_path / "state")
+    context = node_context(run_config)
+    message = message_with(context, 2, honest_arrays(context), {STATE_KEY: crafted})
+    with pytest.raises(ValueError, match=f"{STATE_KEY}={crafted!r}"):
+        client_app.train(message, context)
+    assert snapshot(tmp_path / "state") == before
+
+
+def test_other_crafted_server_messages_are_refused_naming_what_is_wrong(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """A weights query of "false" (a truthy string), an evaluation whose global arrays
+    override what was sent, a message without the model: each refused, named."""
+    from fedreg_app.protocol import GLOBAL_ARRAYS, QUERY, WEIGHTS_QUERY
+
+    run_config = {**node_config(grey_dataset, tmp_path / "state"), "algo": "fedper"}
+    context = node_context(run_config)
+    query = Message(RecordDict({QUERY: ConfigRecord({WEIGHTS_QUERY: "false"})}),
+                    message_type=MessageType.QUERY, dst_node_id=1000)  # fmt: skip
+    with pytest.raises(ValueError, match=f"{WEIGHTS_QUERY}='false'"):
+        client_app.query(over_the_wire(query), context)
+    client_app.train(message_with(context, 1, honest_arrays(context, (BASE,))), context)
+    context = node_context(run_config)
+    whole = honest_arrays(context)
+    zeroed = {k: np.zeros_like(v) for k, v in whole.items()}
+    evaluation = message_with(context, 1, honest_arrays(context, (BASE,)),
+                              message_type=MessageType.EVALUATE,
+                              **{GLOBAL_ARRAYS: to_record(zeroed)})  # fmt: skip
+    with pytest.raises(ValueError, match=f"{GLOBAL_ARRAYS}: keys .*base.0.weight.* also in"):
+        client_app.evaluate(evaluation, context)
+    bare = Message(RecordDict({CONFIG: ConfigRecord({SERVER_ROUND: 2})}),
+                   message_type=MessageType.TRAIN, dst_node_id=1000)  # fmt: skip
+    with pytest.raises(ValueError, match=f"no {ARRAYS!r} record"):
+        client_app.train(over_the_wire(bare), node_context(run_config))
+
+
+def test_big_endian_arrays_train_as_this_machines_own(grey_dataset: Path, tmp_path: Path) -> None:
+    """Arrays of the other byte order (a big-endian sender) are the same numbers: torch
+    could not read them and raised without naming the key."""
+    run_config = node_config(grey_dataset, tmp_path / "a")
+    context = node_context(run_config)
+    native = client_app.train(message_with(context, 1, honest_arrays(context)), context)
+    swapped = {k: v.astype(v.dtype.newbyteorder(">")) for k, v in honest_arrays(context).items()}
+    run_config = node_config(grey_dataset, tmp_path / "b")
+    context = node_context(run_config)
+    other = client_app.train(message_with(context, 1, swapped), context)
+    mine, theirs = from_record(native.content[ARRAYS]), from_record(other.content[ARRAYS])
+    assert mine.keys() == theirs.keys()
+    assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
