@@ -35,7 +35,7 @@ def test_every_algorithm_trains_and_evaluates_the_char_lstm(algo: str) -> None:
     server_model = initial_model(TEXT, config)
     strategy.prepare_model(server_model)
     server_arrays = {k: v.numpy() for k, v in server_model.state_dict().items()}
-    sent = strategy.arrays_to_send(server_arrays, None)
+    sent = strategy.arrays_to_send(server_arrays, 1)  # what round 1's training gets
     setup = ClientSetup(config, TEXT, ClientData(0, snippets(16, 1), snippets(8, 2)), RecordDict())
     before = {k: v.copy() for k, v in sent.items()}
     result = algorithm.client(setup).train(sent, server_round=1)
@@ -43,5 +43,6 @@ def test_every_algorithm_trains_and_evaluates_the_char_lstm(algo: str) -> None:
     assert not any(key.startswith(HEAD_P + ".") for key in result.arrays)  # stays private
     moved = [k for k, v in result.arrays.items() if not np.array_equal(v, before.get(k, v))]
     assert any(key.startswith(BASE + ".") for key in moved) or algo == "lg-fedavg"
-    evaluation = algorithm.client(setup).evaluate(sent, server_round=1)
+    evaluated = strategy.arrays_to_send(server_arrays, None)  # evaluation: as it sends
+    evaluation = algorithm.client(setup).evaluate(evaluated, server_round=1)
     assert 0 <= evaluation[PERSONAL_CORRECT] <= 8
