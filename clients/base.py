@@ -267,10 +267,12 @@ class ClientProcedure:
         restored: list[torch.Tensor | None] = []
         for name, param in zip(names, trainable, strict=True):
             buffer = buffers.get(name)
-            if buffer is not None:  # read from the node's disk: shape, dtype, finite
-                where = f"client state {optimizer_record(stream)!r}: momentum of {name!r}"
-                buffer = checked_value(where, buffer, param.detach()).to(self.device)
-            restored.append(None if buffer is None else buffer.clone())
+            if buffer is None:
+                restored.append(None)
+                continue
+            where = f"client state {optimizer_record(stream)!r}: momentum of {name!r}"
+            checked = checked_value(where, buffer, param.detach())  # from the node's disk
+            restored.append(checked.to(self.device, copy=True))
         return restored
 
     def keep_optimizer(self, stream: int, model: nn.Module, optimizer: MomentumSGD) -> None:

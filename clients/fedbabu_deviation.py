@@ -46,21 +46,22 @@ class DeviationOptions(AlgorithmOptions):
 class FedBABUDeviationClient(FedBABUClient):
     def load_global(self, arrays: dict[str, np.ndarray]) -> None:
         """The base always; the head once the server sends it (from the fine-tune phase
-        on; before, it is the initial head the client holds already). In training the
-        phase says which: the head exactly in the fine-tune phase (a message without the
-        base, or without the head there, would train from the seeded initial weights)."""
+        on; before, it is the initial head the client holds already)."""
         sent = {group_of(key) for key in arrays}
         if BASE not in sent:
             raise KeyError(f"the server sent no {BASE} (groups sent: {sorted(sent)})")
         self.model.load_group_state(arrays, *(g for g in (BASE, HEAD_G) if g in sent))
 
-    def load_for_training(self, arrays: dict[str, np.ndarray], finetuning: bool) -> None:
+    @staticmethod
+    def check_training_arrays(arrays: dict[str, np.ndarray], finetuning: bool) -> None:
+        """In training the phase says what the server sends: the base, and the head
+        exactly in the fine-tune phase (a message without the base, or without the head
+        there, would train from the seeded initial weights)."""
         groups = (BASE, HEAD_G) if finetuning else (BASE,)
         sent = {group_of(key) for key in arrays}
         if sent != set(groups):
             raise KeyError(f"{FINETUNE_PHASE}={finetuning}: expected the groups "
                            f"{list(groups)} from the server, got {sorted(sent)}")  # fmt: skip
-        self.model.load_group_state(arrays, *groups)
 
     def finetuning(self) -> bool:
         """The server's word on the phase: a bool (what the strategy sends), else a
@@ -75,9 +76,10 @@ class FedBABUDeviationClient(FedBABUClient):
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         finetuning = self.finetuning()
-        self.load_for_training(global_arrays, finetuning)
+        self.check_training_arrays(global_arrays, finetuning)
         if not finetuning:
             return super().train(global_arrays, server_round)
+        self.load_global(global_arrays)
         processed = self.fit(
             self.model.parameters_of(BASE, HEAD_G),
             self.cross_entropy(self.model),

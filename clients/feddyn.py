@@ -15,7 +15,7 @@ from torch import nn
 from clients.base import snapshot, squared_distance
 from clients.fedavg import FedAvgClient
 from fedreg_app.config import AlgorithmOptions, option
-from fedreg_app.models import BASE, HEAD_G, checked_value
+from fedreg_app.models import BASE, HEAD_G, check_keys, checked_value
 from fedreg_app.records import from_record, to_record
 from fedreg_app.training import LossFn
 
@@ -49,9 +49,7 @@ class FedDynClient(FedAvgClient):
             return [torch.zeros_like(p) for p in trainable]
         stored = from_record(self.setup.state[CORRECTION])
         names = self.model.parameter_names_of(BASE, HEAD_G)
-        if set(stored) != set(names):  # read from the node's disk: checked like the model
-            raise ValueError(f"client state {CORRECTION!r}: keys {sorted(stored)} are not "
-                             f"the trained parameters {names}")  # fmt: skip
+        check_keys(f"client state {CORRECTION!r}", names, stored)  # read from the disk
         return [
             checked_value(f"client state {CORRECTION!r}: {name}", stored[name], p).to(self.device)
             for name, p in zip(names, trainable, strict=True)

@@ -24,7 +24,7 @@ import numpy as np
 
 from clients.base import ClientProcedure, TrainResult
 from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
-from fedreg_app.models import BASE, HEAD_G, SplitModel
+from fedreg_app.models import BASE, HEAD_G, SplitModel, check_keys
 from fedreg_app.records import from_record, to_record
 
 UNFREEZE_ROUNDS = "fedseq-unfreeze-rounds"
@@ -113,12 +113,8 @@ class FedSeqClient(ClientProcedure):
         else:
             layers = unfrozen_at(self.model, self.config, self.anti, server_round)
             expected = of_layers(dict.fromkeys(self.model.state_dict()), layers)
-            if set(global_arrays) != set(expected):  # what the strategy sends, no more
-                missing = sorted(set(expected) - set(global_arrays))
-                extra = sorted(set(global_arrays) - set(expected))
-                raise KeyError(f"round {server_round} trains layers {layers}: missing keys "
-                               f"{missing}, unexpected keys {extra}")  # fmt: skip
-            self.model.load_entries(global_arrays)  # the rest: seeded init
+            check_keys(f"round {server_round} trains layers {layers}", expected, global_arrays)
+            self.model.load_entries(global_arrays)  # what the strategy sends; the rest: seeded init
             trainable_keys = list(of_layers(dict.fromkeys(self.model.parameter_names_of(BASE)),
                                             layers))  # fmt: skip
         named = dict(self.model.named_parameters())

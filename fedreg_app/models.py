@@ -8,6 +8,7 @@ asks for a private head) has the same structure and never leaves the client.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,15 @@ def checked_value(key: str, value: object, into: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def check_keys(what: str, expected: Iterable[str], given: Iterable[str]) -> None:
+    """A KeyError naming the missing and the unexpected keys, unless the two sets match:
+    arrays from the wire or the disk must be exactly the entries they stand for."""
+    expected, given = set(expected), set(given)
+    if expected != given:
+        missing, extra = sorted(expected - given), sorted(given - expected)
+        raise KeyError(f"{what}: missing keys {missing}, unexpected keys {extra}")
+
+
 class SplitModel(nn.Module):
     """``base`` then ``head_g`` (global prediction); optional ``head_p`` (private)."""
 
@@ -82,9 +92,7 @@ class SplitModel(nn.Module):
         """Load exactly the named groups; a missing or unexpected key is an error."""
         own = {k: v for k, v in self.state_dict().items() if group_of(k) in groups}
         given = {k: v for k, v in arrays.items() if group_of(k) in groups}
-        if set(own) != set(given):
-            missing, extra = sorted(set(own) - set(given)), sorted(set(given) - set(own))
-            raise KeyError(f"groups {groups}: missing keys {missing}, unexpected keys {extra}")
+        check_keys(f"groups {groups}", own, given)
         with torch.no_grad():
             for key, tensor in own.items():
                 tensor.copy_(checked_value(key, given[key], tensor))
