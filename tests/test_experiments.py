@@ -1081,6 +1081,78 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
     assert not (out / "tiny" / "fedreg" / "seed0" / "state").exists()  # finished: freed
 
 
+#: Put first on a process tree's PYTHONPATH: in the process that runs the ServerApp (the
+#: simulation's, below the runner's SuperLink), ``ResultsWriter.finish`` says it was
+#: reached and waits there for the SIGKILL, so the kill lands after the last round's
+#: checkpoint and before the final status, every time. Other processes are untouched.
+HOLD_AT_FINISH = """
+import importlib.machinery, os, sys, time
+from pathlib import Path
+
+class HoldAtFinish:
+    def find_spec(self, name, path=None, target=None):
+        if name != "fedreg_app.metrics":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        load = spec.loader.exec_module
+        def exec_module(module):
+            load(module)
+            def finish(writer, error=None):
+                Path(os.environ["HOLD_AT_FINISH_SIGNALS"], "reached").write_text(str(error))
+                time.sleep(600)
+            module.ResultsWriter.finish = finish
+        spec.loader.exec_module = exec_module
+        return spec
+
+if os.environ.get("HOLD_AT_FINISH_SIGNALS"):
+    sys.meta_path.insert(0, HoldAtFinish())
+"""
+
+
+@pytest.mark.e2e
+def test_a_runner_sigkilled_after_the_last_checkpoint_completes_the_run_without_training(
+    uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
+) -> None:
+    """The machine goes (SIGKILL to the runner and every process below it, by PID) after
+    the last round's checkpoint, before the ServerApp writes ``completed``: results.json
+    still says ``running``. The same command resumes that folder after its last round,
+    trains nothing, keeps the recorded rounds as they are and ends ``completed`` with
+    the uninterrupted run's accuracies and model."""
+    config, out = tiny_fedreg(tmp_path, grey_dataset), tmp_path / "out"
+    hooks, signals = tmp_path / "hooks", tmp_path / "signals"
+    hooks.mkdir(), signals.mkdir()
+    (hooks / "sitecustomize.py").write_text(HOLD_AT_FINISH)
+    path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "HOLD_AT_FINISH_SIGNALS": str(signals)}
+    command = [sys.executable, "-m", "fedreg_app.experiments", str(config), "--out", str(out)]
+    with (tmp_path / "first.log").open("w") as log:
+        runner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while not (signals / "reached").exists():
+                assert runner.poll() is None and time.monotonic() < deadline, "never reached"
+                time.sleep(0.05)
+            assert (signals / "reached").read_text() == "None"  # the end of a sound run
+        finally:
+            kill_tree(runner)
+    assert runner.returncode == -signal.SIGKILL
+    assert processes_using(out / ".flwr_home") == []  # nothing of the first attempt lives
+    folder = only_run_folder(out)
+    first = json.loads((folder / "results.json").read_text())
+    assert first["run"]["status"] == "running" and checkpoint_round(folder) == 4
+    assert [r["round"] for r in first["rounds"]] == [1, 2, 3, 4]
+    assert main([str(config), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming {folder} after round 4" in printed
+    assert only_run_folder(out) == folder
+    results = json.loads((folder / "results.json").read_text())
+    assert results["rounds"] == first["rounds"]  # nothing trained again, timings and all
+    assert [r["after_round"] for r in results["run"]["resumed"]] == [4]
+    assert_equal_runs(folder, uninterrupted)
+    assert not (out / "tiny" / "fedreg" / "seed0" / "state").exists()  # finished: freed
+
+
 @pytest.mark.e2e
 def test_max_minutes_stops_at_a_round_boundary_and_the_rerun_completes_the_grid(
     uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
