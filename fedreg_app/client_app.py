@@ -32,7 +32,7 @@ from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_state import VersionedState
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path, is_count
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
-from fedreg_app.models import checked_value, initial_model
+from fedreg_app.models import SplitModel, checked_value, initial_model
 from fedreg_app.privacy import privatise_locally
 from fedreg_app.protocol import (
     ARRAYS,
@@ -62,7 +62,7 @@ from fedreg_app.protocol import (
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.training import select_device
-from strategies.base import ModelParts
+from strategies.base import ModelParts, PersonalizedStrategy
 
 DATASET_PATH = "dataset-path"
 STATE_DIR = "state-dir"
@@ -324,30 +324,46 @@ def train_work(procedure: ClientProcedure, arrays: dict, server_round: int, msg:
     if procedure.config.dp_mode != "local":
         result = procedure.train(arrays, server_round)
         return result.metrics, result.arrays
-    reference = dp_reference(procedure, arrays, msg)  # checked before any training
+    reference = dp_reference(procedure, arrays, msg, server_round)  # before training
     result = procedure.train(arrays, server_round)
     noisy = privatise_locally(result.arrays, reference, procedure.config,
                               procedure.data.partition_id, server_round)  # fmt: skip
     return result.metrics, noisy
 
 
-def dp_reference(procedure: ClientProcedure, sent: dict, msg: Message) -> dict:
+def dp_reference(procedure: ClientProcedure, sent: dict, msg: Message, server_round: int) -> dict:
     """What local DP clips the update around: the sent arrays and the server's
     reference for the rest of the update. Each reference entry must be an entry of the
     model the server did not send, with its shape and dtype and finite values (as the
     global model is checked): a crafted one would move the released update where the
-    server wants it, and a wrong shape would broadcast."""
+    server wants it, and a wrong shape would broadcast. Every entry the reply will carry
+    needs a reference, checked here so that a message without one costs no training."""
     reference = dict(sent)
-    if DP_REFERENCE not in msg.content.array_records:
-        return reference
+    received = (from_record(msg.content[DP_REFERENCE])
+                if DP_REFERENCE in msg.content.array_records else {})  # fmt: skip
     own = procedure.model.state_dict()
-    for key, value in from_record(msg.content[DP_REFERENCE]).items():
+    for key, value in received.items():
         if key not in own or key in sent:
             why = "is also in the sent arrays" if key in sent else "is not an entry of the model"
             raise ValueError(f"{DP_REFERENCE}: key {key!r} {why}: expected model entries not sent")
         checked_value(f"{DP_REFERENCE}: {key}", value, own[key])
         reference[key] = value
+    missing = sorted(reply_keys(procedure.setup, server_round) - set(reference))
+    if missing:
+        raise ValueError(
+            f"{DP_REFERENCE}: no reference for {missing[:3]}{' …' if len(missing) > 3 else ''} "
+            f"({len(missing)} entries the reply carries but the server did not send): local "
+            "DP cannot clip the update without them; nothing was trained"
+        )
     return reference
+
+
+def reply_keys(setup: ClientSetup, server_round: int) -> set[str]:
+    """The entries a training reply of ``server_round`` carries, named by the server's
+    own strategy code for this run (as the server checks the reply against)."""
+    strategy, model = server_view(setup)
+    current = {key: value.numpy() for key, value in model.state_dict().items()}
+    return set(strategy.expected_reply_arrays(server_round, current))
 
 
 def evaluate_work(
@@ -369,10 +385,17 @@ def evaluate_work(
 def global_model_parts(setup: ClientSetup, arrays: dict) -> ModelParts:
     """The global model, built exactly as the server's strategy builds it (the same
     code: e.g. GPFL's head on the valve conditioned by the mean condition)."""
+    strategy, model = server_view(setup)
+    return strategy.global_parts(model.to(select_device(setup.config.device)), arrays)
+
+
+def server_view(setup: ClientSetup) -> tuple[PersonalizedStrategy, SplitModel]:
+    """The run's strategy and the server's model (its initial weights, on the CPU), built
+    by the same code as on the server."""
     strategy = get_algorithm(setup.config.algo).strategy(setup.config)
-    model = initial_model(setup.info, setup.config).to(select_device(setup.config.device))
+    model = initial_model(setup.info, setup.config)
     strategy.prepare_model(model)
-    return strategy.global_parts(model, arrays)
+    return strategy, model
 
 
 @app.train()

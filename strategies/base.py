@@ -162,11 +162,10 @@ class PersonalizedStrategy(Strategy):
         if not self.has_global_model:
             self.global_on_clients = False
         self.check_privacy_allowed()
-        #: Central DP: each partition's declared aggregation weights, the weight scales
-        #: and the fixed denominators derived from them (``set_population_weights``).
+        #: Central DP: each partition's declared aggregation weights
+        #: (``set_population_weights``); each round's weight scales and fixed denominators
+        #: are derived from them.
         self.population_weights: dict[int, dict[str, float]] = {}
-        self.dp_scales: dict[str, float] = {}
-        self.dp_denominators: dict[str, float] = {}
         #: Privacy ledger (checkpointed): central, (clients sampled, clients available) of
         #: each round that released an update; local, each partition's releases.
         self.dp_releases: list[tuple[int, int]] = []
@@ -198,8 +197,17 @@ class PersonalizedStrategy(Strategy):
         """Central DP: every partition's aggregation weights, as the clients declared
         them before the first round (see ``fedreg_app/privacy.py``)."""
         self.population_weights = {int(p): dict(w) for p, w in weights.items()}
-        self.dp_scales, self.dp_denominators = population_denominators(
-            self.population_weights, self.group_weights, self.clients_per_round()
+        population_denominators(self.population_weights, self.group_weights, 1)  # fails now
+
+    def dp_round_denominators(self) -> tuple[dict[str, float], dict[str, float]]:
+        """This round's weight scales and fixed denominators, for the groups it aggregates
+        and the clients it sampled: a round that trains every client (FedSeq's and
+        deviation tracking's fine-tuning) or adds a group (the head, from deviation
+        tracking's fine-tune phase on) is averaged as such, not as an ordinary round."""
+        if not self.population_weights:
+            raise RuntimeError("dp-mode='central' needs set_population_weights first")
+        return population_denominators(
+            self.population_weights, self.group_weights, len(self.last_sampled)
         )
 
     def privacy_epsilon(self) -> float | None:
@@ -354,10 +362,14 @@ class PersonalizedStrategy(Strategy):
                 self.dp_local_releases[pid] = self.dp_local_releases.get(pid, 0) + 1
         return messages
 
-    def expected_reply_arrays(self, server_round: int) -> dict[str, np.ndarray]:
+    def expected_reply_arrays(
+        self, server_round: int, current: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
         """The arrays (names, shapes, dtypes) a training reply must carry: the global
-        model's entries of the aggregated groups."""
-        return {k: v for k, v in self._current.items() if group_of(k) in self.group_weights}
+        model's entries of the aggregated groups. ``current`` (default: this round's
+        global model) lets a client name them before it trains (local DP's reference)."""
+        current = self._current if current is None else current
+        return {k: v for k, v in current.items() if group_of(k) in self.group_weights}
 
     def train_reply_problem(self, msg: Message, partition_id: int, server_round: int) -> str:
         """Why a training reply cannot be aggregated ("" if it can): it must carry exactly
@@ -447,10 +459,9 @@ class PersonalizedStrategy(Strategy):
         central DP: the fixed-denominator noisy average of the clipped updates."""
         if self.config.dp_mode != "central":
             return weighted_average_by_group(updates, self.group_weights)
-        if not self.dp_denominators:
-            raise RuntimeError("dp-mode='central' needs set_population_weights first")
+        scales, denominators = self.dp_round_denominators()
         released = central_release(
-            self._current, updates, self.group_weights, self.dp_scales, self.dp_denominators,
+            self._current, updates, self.group_weights, scales, denominators,
             noise_std(self.config), self.config.dp_clip,
             noise_generator(self.config, "dp-noise", server_round),
         )  # fmt: skip

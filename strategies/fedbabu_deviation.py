@@ -44,6 +44,7 @@ def deviation_round(sigmas: list[float], epsilon: float) -> int | None:
 
 class FedBABUDeviationStrategy(FedBABUStrategy):
     def __init__(self, config: RunConfig) -> None:
+        self.fine_tune_round: int | None = None  # R; the groups depend on it from the start
         super().__init__(config)
         options = config.options_as(DeviationOptions)
         options.check(config)
@@ -51,7 +52,6 @@ class FedBABUDeviationStrategy(FedBABUStrategy):
         self.finetune_rounds = options.finetune_rounds
         self.history: list[list[float]] = []  # per round: every client's accuracy
         self.sigma_rounds: list[tuple[int, float]] = []  # (round, sigma_w)
-        self.fine_tune_round: int | None = None  # R
 
     def finetuning(self, server_round: int) -> bool:
         return self.fine_tune_round is not None and server_round > self.fine_tune_round

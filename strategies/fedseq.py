@@ -7,6 +7,8 @@ Evaluation gets the whole model."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from clients.fedseq import base_layers, is_finetuning, of_layers, unfreeze_rounds, unfrozen_at
@@ -36,9 +38,12 @@ class FedSeqStrategy(PersonalizedStrategy):
     ) -> dict[str, np.ndarray]:
         return self.layer_phase_arrays(arrays, server_round)
 
-    def expected_reply_arrays(self, server_round: int) -> dict[str, np.ndarray]:
+    def expected_reply_arrays(
+        self, server_round: int, current: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
         """Clients return the layers they trained: the unfrozen ones, or base + head."""
-        return self.layer_phase_arrays(super().expected_reply_arrays(server_round), server_round)
+        every = super().expected_reply_arrays(server_round, current)
+        return self.layer_phase_arrays(every, server_round)
 
     def layer_phase_arrays(
         self, arrays: dict[str, np.ndarray], server_round: int | None

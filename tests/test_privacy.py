@@ -30,6 +30,7 @@ from fedreg_app.privacy import (
 from fedreg_app.protocol import ARRAYS, DP_REFERENCE, EFFECTIVE_EXAMPLES, METRICS, NUM_EXAMPLES
 from fedreg_app.records import to_record
 from fedreg_app.registry import get_algorithm, load_config
+from strategies.base import weighted_average_by_group
 from tests.inprocess import results, run_server
 from tests.test_client_state import node_context, train_message
 
@@ -330,9 +331,57 @@ def test_a_crafted_local_dp_reference_is_refused_naming_the_key(
     assert named in str(refused.value)
 
 
+@pytest.mark.parametrize("left_out", ["all", "one"])
+def test_a_local_dp_reference_left_out_is_refused_before_any_training(
+    grey_dataset: Path, left_out: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a reference for every entry the reply carries (here the global head,
+    which FedPer's server aggregates but does not send), the update cannot be clipped:
+    the message is refused, naming what is missing, before a single batch is trained
+    (before, the whole round was trained and then thrown away)."""
+    from clients.base import ClientProcedure
+
+    head = initial_head(grey_dataset)
+    reference = {} if left_out == "all" else dict(sorted(head.items())[1:])
+    trained = []
+    monkeypatch.setattr(ClientProcedure, "fit", lambda *args, **kw: trained.append(1))
+    with pytest.raises(ValueError, match="no reference for") as refused:
+        dp_reference_reply(grey_dataset, reference)
+    assert sorted(head)[0] in str(refused.value) and "nothing was trained" in str(refused.value)
+    assert trained == []
+
+
 def test_the_honest_local_dp_reference_is_taken(grey_dataset: Path) -> None:
     reply = dp_reference_reply(grey_dataset, initial_head(grey_dataset))
     assert ARRAYS in reply.content and reply.content[METRICS][NUM_EXAMPLES] > 0
+
+
+def test_a_central_dp_round_that_trains_every_client_and_the_head_averages_them_as_such() -> None:
+    """Deviation tracking's fine-tune rounds train every client, and the head joins the
+    aggregated groups. The fixed denominator is that round's, (K_t / N) Σ m_j / max m:
+    with noise ~0 and no clipping the release is the plain average of base and head.
+    Before, the run failed on the head (no denominator for it: ``KeyError: 'head_g'``),
+    and an ordinary round's K would have doubled the update of a round of all 4."""
+    from strategies.fedbabu_deviation import FedBABUDeviationStrategy
+
+    settings = private(**{"dp-noise-multiplier": 1e-12, "dp-clip": 1e6})
+    config = load_config({"algo": "fedbabu-deviation", "fraction-train": 0.5,
+                          "num-server-rounds": 7, **settings})  # fmt: skip
+    strategy = FedBABUDeviationStrategy(config)
+    strategy.set_population_weights({p: {NUM_EXAMPLES: 10 * (p + 1)} for p in range(4)})
+    rng = np.random.default_rng(3)
+    strategy._current = {"base.w": rng.normal(size=6).astype(np.float32),
+                         "head_g.w": rng.normal(size=3).astype(np.float32)}  # fmt: skip
+    strategy.fine_tune_round, strategy.last_sampled = 2, [0, 1, 2, 3]
+    updates = [({k: (v + rng.normal(size=v.shape)).astype(np.float32)
+                 for k, v in strategy._current.items()}, {NUM_EXAMPLES: 10 * (p + 1)})
+               for p in range(4)]  # fmt: skip
+    released = strategy.aggregate_updates(3, updates)
+    plain = weighted_average_by_group(updates, strategy.group_weights)
+    assert set(released) == {"base.w", "head_g.w"}
+    for key, value in plain.items():
+        np.testing.assert_allclose(released[key], value, rtol=1e-5, atol=1e-6)
+    assert strategy.dp_releases == [(4, 4)]  # accounted as a round sampling everyone
 
 
 def test_with_equal_weights_the_release_is_flowers_fixed_clipping_average() -> None:
