@@ -239,7 +239,7 @@ class RunSpec:
         """Every run's results in this folder, oldest first (by ``run.started``, as the
         report orders them); a file that cannot be read, or that its rounds do not bear out
         (the report's check), reads as not finished, with why."""
-        documents = [(path, read_document(path, self.seed))
+        documents = [(path, read_document(path))
                      for path in self.folder.glob("*/results.json")]  # fmt: skip
         return sorted(documents, key=run_order)
 
@@ -468,7 +468,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
             f"{folder} is in use by {holder}: not resumed while that process writes it; "
             "stop it (by its PID) or let it end, then run the same command"
         ))  # fmt: skip
-    document = read_document(folder / "results.json", spec.seed)  # as the report reads it
+    document = read_document(folder / "results.json")  # as the report reads it
     status = run_status(document)
     if status == UNREADABLE:
         error = document["run"]["error"].removeprefix("results.json: ")

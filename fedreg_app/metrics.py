@@ -130,10 +130,7 @@ class RoundRecord:
     @property
     def degraded(self) -> bool:
         """Some reply was missing or rejected, or some client was not evaluated."""
-        incomplete = self.personal_coverage is not None and (
-            self.personal_coverage["clients"] < self.personal_coverage["of_clients"]
-        )
-        return bool(self.train_failures or self.eval_failures or incomplete)
+        return round_degraded(vars(self))
 
 
 #: The run-level figures of a results file, each the best of a per-round field.
@@ -162,10 +159,39 @@ def is_real(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def round_problem(record: Any, number: int) -> str | None:
+#: Per-round counts, where a record has them: each an integer >= 0.
+COUNT_FIELDS = (
+    "num_train_examples", "trained_parameters", "bytes_to_clients", "bytes_from_clients",
+    "train_bytes_to_clients", "train_bytes_from_clients", "train_replies", "train_failures",
+    "eval_replies", "eval_failures", "state_resets", "clients_trained",
+)  # fmt: skip
+#: Per-round seconds and spreads, where a record has them: each a finite number >= 0
+#: (those that may be null when nothing was measured: ``NULLABLE_FIELDS``).
+MEASURE_FIELDS = (
+    "client_compute_seconds", "client_handler_seconds", "eval_compute_seconds",
+    "slowest_handlers_seconds", "server_eval_seconds",
+)  # fmt: skip
+NULLABLE_FIELDS = ("personal_accuracy_std", "dp_epsilon")
+#: A run's totals, each the sum of a per-round field.
+TOTAL_OF = {
+    "total_bytes_to_clients": "bytes_to_clients",
+    "total_bytes_from_clients": "bytes_from_clients",
+    "total_train_bytes_to_clients": "train_bytes_to_clients",
+    "total_train_bytes_from_clients": "train_bytes_from_clients",
+    "total_trained_parameters": "trained_parameters",
+}
+
+
+def is_whole(value: Any) -> bool:
+    """An integer >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def round_problem(record: Any, number: int, clients: int | None = None) -> str | None:
     """Why a results file's record of round ``number`` cannot be read as one (None when it
     can): a report and a replay publish or compare what it says, so a value out of range
-    or a round out of place (a hand edit, a damaged copy) is refused, not used."""
+    or a round out of place (a hand edit, a damaged copy) is refused, not used. With
+    ``clients`` (the run's), partition ids and the coverage are checked against it."""
     if not isinstance(record, dict) or record.get("round") != number:
         return f"rounds[{number - 1}] is not the record of round {number}"
     for key in ACCURACY_FIELDS:
@@ -175,7 +201,139 @@ def round_problem(record: Any, number: int) -> str | None:
     for key in COST_FIELDS:
         if not (is_real(record.get(key)) and record[key] >= 0):
             return f"round {number}: {key} is {record.get(key)!r}; expected a number >= 0"
+    for key in (*MEASURE_FIELDS, *NULLABLE_FIELDS):
+        value = record.get(key)
+        if (key in record and not (value is None and key in NULLABLE_FIELDS)
+                and not (is_real(value) and value >= 0)):  # fmt: skip
+            return f"round {number}: {key} is {value!r}; expected a number >= 0"
+    for key in COUNT_FIELDS:
+        if key in record and not is_whole(record[key]):
+            return f"round {number}: {key} is {record[key]!r}; expected an integer >= 0"
+    return clients_problem(record, number, clients)
+
+
+def clients_problem(record: dict[str, Any], number: int, clients: int | None) -> str | None:
+    """The round's client lists: sampled partitions distinct, each client's accuracy a
+    fraction, every partition id below the run's number of clients, and the coverage of
+    that many clients."""
+    bound = f" below num_clients={clients}" if clients is not None else ""
+
+    def partition(value: Any) -> bool:
+        return is_whole(value) and (clients is None or value < clients)
+
+    sampled = record.get("sampled_clients", [])
+    if not (isinstance(sampled, list) and all(partition(p) for p in sampled)
+            and len(set(sampled)) == len(sampled)):  # fmt: skip
+        return f"round {number}: sampled_clients is {sampled!r}; expected distinct ids{bound}"
+    accuracies = record.get("client_accuracies")
+    if accuracies is not None:
+        if not isinstance(accuracies, dict):
+            return f"round {number}: client_accuracies is {accuracies!r}; expected an object"
+        for client, value in accuracies.items():
+            if not (client.isdigit() and partition(int(client))):
+                return f"round {number}: client_accuracies names client {client!r}{bound}"
+            if not (is_real(value) and 0 <= value <= 1):
+                return (f"round {number}: client_accuracies[{client!r}] is {value!r}; "
+                        "expected a fraction in [0, 1]")  # fmt: skip
+    coverage = record.get("personal_coverage")
+    if coverage is not None:
+        covered, of = (coverage.get(k) if isinstance(coverage, dict) else None
+                       for k in ("clients", "of_clients"))  # fmt: skip
+        if not (is_whole(covered) and is_whole(of) and covered <= of
+                and (clients is None or of == clients)):  # fmt: skip
+            equal = "" if clients is None else f" = {clients}"
+            return (f"round {number}: personal_coverage is {coverage!r}; expected "
+                    f"clients <= of_clients{equal}")  # fmt: skip
     return None
+
+
+def record_problem(document: Any) -> str | None:
+    """Why a results.json is not a consistent record of its rounds (None when it is),
+    whatever its status: its rounds in place and in range, no more of them than the run
+    plans, and the run-level figures (best accuracies, totals) those the rounds give.
+    A report and a replay take a run's figures from it: a hand edit, a damaged copy or a
+    record of another run under this one's name must be caught here, not published."""
+    if not isinstance(document, dict):
+        return "expected a JSON object with config, run and rounds"
+    config, run, rounds = (document.get(k) for k in ("config", "run", "rounds"))
+    if not isinstance(run, dict):
+        return "run is not an object"
+    if not isinstance(config, dict) or not isinstance(config.get("algo"), str):
+        return "config.algo is missing"
+    if run.get("algo", config["algo"]) != config["algo"]:
+        return f"run.algo is {run['algo']!r} but config.algo is {config['algo']!r}"
+    clients = run.get("num_clients")
+    if not (is_whole(clients) and clients >= 1):
+        return f"run.num_clients is {clients!r}; expected an integer >= 1"
+    if not isinstance(rounds, list):
+        return "rounds is not a list"
+    for number, record in enumerate(rounds, start=1):
+        problem = round_problem(record, number, clients)
+        if problem:
+            return problem
+    planned = planned_rounds(document)
+    if planned is not None and len(rounds) > planned:
+        return f"it records {len(rounds)} rounds, more than the {planned} the run plans"
+    return figures_problem(document, rounds)
+
+
+#: ``run`` key: the round after which the algorithm itself ended the run, short of
+#: ``num-server-rounds`` (deviation tracking, once its fine-tune rounds are done).
+ENDED_AFTER_ROUND = "ended_after_round"
+
+
+def planned_rounds(document: dict[str, Any]) -> int | None:
+    """The rounds a finished run has: ``num-server-rounds``, or the round its algorithm
+    ended it after (``run.ended_after_round``: deviation tracking's fine-tuning done)."""
+    ended = document["run"].get(ENDED_AFTER_ROUND)
+    planned = document["config"].get("num-server-rounds")
+    if not is_whole(planned):
+        return ended if is_whole(ended) else None
+    return ended if is_whole(ended) and ended <= planned else planned
+
+
+def figures_problem(document: dict[str, Any], rounds: list[dict[str, Any]]) -> str | None:
+    """The best figures and totals a file states must be the rounds' (a missing one too:
+    every version that writes rounds writes them)."""
+    for best, field_name in BEST_OF.items():
+        expected = _best([r.get(field_name) for r in rounds])
+        if document.get(best, expected) != expected or (
+            best not in document and expected is not None
+        ):
+            return (f"{best} is {document.get(best, 'missing')!r} but the rounds' best "
+                    f"{field_name} is {expected!r}")  # fmt: skip
+    for total, field_name in TOTAL_OF.items():
+        expected = sum(r.get(field_name, 0) for r in rounds)
+        if document.get(total, expected) != expected or (total not in document and expected):
+            return (f"{total} is {document.get(total, 'missing')!r} but the rounds' "
+                    f"{field_name} sum to {expected}")  # fmt: skip
+    return None
+
+
+def status_problem(document: dict[str, Any]) -> str | None:
+    """A finished run's status must be what its rounds say (``ResultsWriter.finish``
+    decides it from them): every planned round recorded, and ``degraded`` exactly when
+    some round had a reply missing or rejected or a client not evaluated. A ``completed``
+    over failed rounds would publish a figure without its mark."""
+    status, rounds = document["run"].get("status"), document["rounds"]
+    if status not in (COMPLETED, DEGRADED):
+        return None
+    planned = planned_rounds(document)
+    if planned is not None and len(rounds) != planned:
+        return f"status {status!r} but it records {len(rounds)} of the {planned} rounds"
+    degraded = [r["round"] for r in rounds if round_degraded(r)]
+    if (status == DEGRADED) != bool(degraded):
+        which = f"rounds {degraded[:3]} are degraded" if degraded else "no round is degraded"
+        return f"status {status!r} but {which}"
+    return None
+
+
+def round_degraded(record: dict[str, Any]) -> bool:
+    """Whether a round (a :class:`RoundRecord`'s fields, or a round as written) had a
+    reply missing or rejected, or a client not evaluated."""
+    coverage = record.get("personal_coverage")
+    incomplete = coverage is not None and coverage["clients"] < coverage["of_clients"]
+    return bool(record.get("train_failures") or record.get("eval_failures") or incomplete)
 
 
 def _best(values: list[float | None]) -> float | None:

@@ -48,9 +48,10 @@ from fedreg_app.launcher import (
     add_resource_arguments,
     resources_of,
 )
-from fedreg_app.metrics import first_line, round_problem
+from fedreg_app.metrics import first_line, record_problem, status_problem
 from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
+from fedreg_app.reports import placement_problem
 
 #: Per-round fields compared; the accuracies are fractions in [0, 1] (or None).
 ACCURACIES = (
@@ -104,23 +105,21 @@ def read_recording(path: Path) -> Recording:
         document = json.loads(path.read_text())
     except OSError as err:
         raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: is not JSON ({err})") from None
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a JSON object with config, run and rounds")
     missing = [k for k in ("config", "run", "rounds") if k not in document]
     if missing:
         raise ConfigError(f"{path}: missing key(s) {', '.join(missing)} (not a run's results)")
+    # whatever its status (a failed run's first rounds replay too), as a report reads it
+    problem = (record_problem(document) or status_problem(document)
+               or placement_problem(path, document))  # fmt: skip
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
     config, run, rounds = document["config"], document["run"], document["rounds"]
-    if not isinstance(config, dict) or not isinstance(run, dict) or not isinstance(rounds, list):
-        raise ConfigError(f"{path}: config and run must be objects, rounds a list")
-    clients = run.get("num_clients")
-    if not isinstance(clients, int) or isinstance(clients, bool) or clients < 1:
-        raise ConfigError(f"{path}: run.num_clients is {clients!r}; expected an integer >= 1")
+    clients = run["num_clients"]
     for index, record in enumerate(rounds, start=1):
-        problem = round_problem(record, index)
-        if problem:
-            raise ConfigError(f"{path}: {problem}")
         absent = [k for k in COMPARED if k not in record]
         if absent:
             raise ConfigError(f"{path}: round {index} has no {', '.join(absent)}")
@@ -130,6 +129,8 @@ def read_recording(path: Path) -> Recording:
 def check_rounds(recording: Recording, rounds: int) -> None:
     """``--rounds`` must lie within the rounds the file records."""
     recorded = len(recording.rounds)
+    if not recorded:
+        raise ConfigError(f"{recording.path} records no round yet; nothing to replay")
     if not 1 <= rounds <= recorded:
         planned = recording.config.get("num-server-rounds", "?")
         raise ConfigError(
@@ -188,7 +189,10 @@ def replay_config(
             )
         if value:
             config[key] = str(Path(value).expanduser().resolve())
-    load_config({**declared, **config})  # a bad value fails here, not in the ServerApp
+    try:  # a bad value fails here, not in the ServerApp
+        load_config({**declared, **config})
+    except ConfigError as err:
+        raise ConfigError(f"the config recorded in {recording.path}: {err}") from None
     notes = [
         f"{key} is not recorded; the replay uses today's default {declared[key]!r}"
         for key in declared if key not in recorded
@@ -551,6 +555,9 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
             raise ConfigError("--against compares two recorded runs; --set, --out and "
                               "--client-gpus do not apply (nothing is run)")  # fmt: skip
         first, second = read_recording(args.results), read_recording(args.against)
+        if first.path.samefile(second.path):
+            raise ConfigError(f"--against {args.against}: the same file as {args.results} "
+                              f"({first.path}); a record always equals itself")  # fmt: skip
         notes = check_same_run(first, second)
         for environment in attempt_environments(second):  # every attempt of the other
             notes += [n for n in environment_notes(first, environment) if n not in notes]

@@ -63,13 +63,13 @@ from fedreg_app.config import ConfigError, setting_differences  # noqa: E402
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
 from fedreg_app.environment import client_devices  # noqa: E402
 from fedreg_app.metrics import (  # noqa: E402
-    BEST_OF,
     COMPLETED,
     DEGRADED,
     RUNNING,
     STOPPED,
     is_real,
-    round_problem,
+    record_problem,
+    status_problem,
 )
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
@@ -292,59 +292,82 @@ def run_order(item: tuple[Path, dict[str, Any]]) -> tuple[str, str]:
     return (started if isinstance(started, str) else "", str(path))
 
 
-TOTALS = ("total_bytes_to_clients", "total_bytes_from_clients", "total_train_bytes_to_clients",
-          "total_train_bytes_from_clients", "total_trained_parameters")  # fmt: skip
 INVALID = "invalid"
 UNREADABLE = "unreadable"
 
 
 def document_problem(document: Any) -> str | None:
     """Why a results.json cannot be reported as it stands (None when it can): a report
-    publishes what the file says, so a value out of range, a round out of place or a best
-    figure the rounds do not give (a hand edit, a damaged copy) is refused, not shown."""
+    publishes what the file says, so a value out of range, a round out of place, a best
+    figure or total the rounds do not give, or a status its rounds contradict (a hand
+    edit, a damaged copy) is refused, not shown."""
     if not isinstance(document, dict):
         return "expected a JSON object with config, run and rounds"
-    config, run = document.get("config"), document.get("run")
+    run = document.get("run")
     if not isinstance(run, dict):
         return "run is not an object"
+    for key in ("status", "error"):
+        if run.get(key) is not None and not isinstance(run[key], str):
+            return f"run.{key} is {run[key]!r}; expected a string"
     if run_status(document) not in (*FINISHED, *UNFINISHED):
         return None  # failed or unknown: reported as skipped with what it says
-    if not isinstance(config, dict) or not isinstance(config.get("algo"), str):
-        return "config.algo is missing"
-    clients = run.get("num_clients")
-    if not (isinstance(clients, int) and not isinstance(clients, bool) and clients >= 1):
-        return f"run.num_clients is {clients!r}; expected an integer >= 1"
-    rounds = document.get("rounds")
-    if not isinstance(rounds, list):
-        return "rounds is not a list"
-    for number, record in enumerate(rounds, start=1):
-        problem = round_problem(record, number)
-        if problem:
-            return problem
-    for best, field in BEST_OF.items():
-        present = [r[field] for r in rounds if r.get(field) is not None]
-        expected = max(present) if present else None
-        if best in document and document[best] != expected:
-            return f"{best} is {document[best]!r} but the rounds' best {field} is {expected!r}"
-    for key in TOTALS:
-        if key in document and not (is_real(document[key]) and document[key] >= 0):
-            return f"{key} is {document[key]!r}; expected a number >= 0"
+    return record_problem(document) or status_problem(document)
+
+
+def placement_problem(path: Path, document: dict[str, Any]) -> str | None:
+    """A record must lie where its run belongs: in the seed folder of its config's seed
+    (``seed<k>/results.json`` or ``seed<k>/<run folder>/results.json``) and in the cell
+    folder of its algorithm and grid values (``fedreg__alpha-0.5``). Else a copy of
+    another cell's run would be averaged and published as this cell's. A file outside
+    that layout is not checked."""
+    seed_folder = next((f for f in (path.parent, path.parent.parent)
+                        if SEED_FOLDER.fullmatch(f.name)), None)  # fmt: skip
+    if seed_folder is None:
+        return None
+    config, seed = document["config"], int(seed_folder.name.removeprefix("seed"))
+    if config.get("seed") != seed:
+        return f"config.seed is {config.get('seed')!r} but the file lies in {seed_folder.name}"
+    return cell_problem(seed_folder.parent.name, config)
+
+
+def cell_problem(cell: str, config: dict[str, Any]) -> str | None:
+    """Whether the cell folder's name (the runner's ``cell_id``: the algorithm, then a
+    ``key-value`` per grid key, then the variant's label) names this config's values."""
+    algo, *parts = cell.split(CELL_SEPARATOR)
+    if algo != str(config["algo"]).replace("/", "_"):
+        return f"config.algo is {config['algo']!r} but the file lies in cell {cell!r}"
+    for part in parts:
+        key = max((k for k in config if part.startswith(f"{k}-")), key=len, default=None)
+        if key is not None and not _names_value(part[len(key) + 1 :], config[key]):
+            return f"config {key}={config[key]!r} but the file lies in cell {cell!r}"
     return None
 
 
-def read_document(path: Path, seed: int | None = None) -> dict[str, Any]:
-    """A results.json, or an ``unreadable`` / ``invalid`` status that says why; with
-    ``seed`` (its seed folder's), a run recorded with another seed is invalid: it would be
-    averaged as that seed."""
+def _names_value(text: str, value: Any) -> bool:
+    """Whether a folder name's ``text`` is ``value`` as ``cell_id`` writes it (a grid's
+    1 and a config's 1.0 are the same value)."""
+    if text == str(value).replace("/", "_"):
+        return True
+    if is_real(value):
+        try:
+            return float(text) == float(value)
+        except ValueError:
+            return False
+    return False
+
+
+def read_document(path: Path, check_placement: bool = True) -> dict[str, Any]:
+    """A results.json, or an ``unreadable`` / ``invalid`` status that says why. A record
+    that does not lie in its own seed's and cell's folder is invalid
+    (:func:`placement_problem`): it would be averaged as that seed, or that cell."""
     try:
         document = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         return {"run": {"status": UNREADABLE, "error": f"{path.name}: {err}"}}
     problem = document_problem(document)
     readable = not problem and run_status(document) in (*FINISHED, *UNFINISHED)
-    recorded = document["config"].get("seed") if readable else seed
-    if seed is not None and recorded != seed:
-        problem = f"config.seed is {recorded!r} but the file lies in seed{seed}"
+    if readable and check_placement:
+        problem = placement_problem(path, document)
     if problem:
         return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}
     return document
@@ -400,7 +423,7 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
             skipped.append(Skipped(seed_folder, INVALID, why))
             continue
         seed = int(seed_folder.name.removeprefix("seed"))
-        runs = sorted(((path, read_document(path, seed)) for path in paths), key=run_order)
+        runs = sorted(((path, read_document(path)) for path in paths), key=run_order)
         kept = [(p, d) for p, d in runs if run_status(d) in FINISHED]
         if not kept and unfinished:
             kept = [(p, d) for p, d in runs if run_status(d) in UNFINISHED and d.get("rounds")]
@@ -987,11 +1010,11 @@ def write_report(
 def describe_setting(document: dict[str, Any]) -> str:
     """The settings that define a run, for plot titles."""
     config = document["config"]
-    dataset = Path(str(config["dataset"])).name
+    dataset = Path(str(config.get("dataset", "?"))).name
     return (
-        f"{dataset}, {document['run']['num_clients']} clients, alpha {config['alpha']}, "
-        f"fraction {config['fraction-train']}, E={config['local-epochs']}, "
-        f"B={config['batch-size']}"
+        f"{dataset}, {document['run']['num_clients']} clients, alpha {config.get('alpha')}, "
+        f"fraction {config.get('fraction-train')}, E={config.get('local-epochs')}, "
+        f"B={config.get('batch-size')}"
     )
 
 

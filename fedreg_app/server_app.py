@@ -38,7 +38,13 @@ from fedreg_app.data import (
     split_sizes,
 )
 from fedreg_app.environment import describe_environment
-from fedreg_app.metrics import ResultsWriter, RoundRecord, client_error, mark_stopped
+from fedreg_app.metrics import (
+    ENDED_AFTER_ROUND,
+    ResultsWriter,
+    RoundRecord,
+    client_error,
+    mark_stopped,
+)
 from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import (
@@ -500,6 +506,7 @@ def run_rounds(
 ) -> ArrayRecord:
     if first_round > 1 and strategy.finished(first_round - 1):  # resumed after its end
         log(INFO, "%s had ended the run after round %d", config.algo, first_round - 1)
+        writer.run[ENDED_AFTER_ROUND] = first_round - 1
         return arrays
     for server_round in range(first_round, config.num_server_rounds + 1):
         wait_for_clients(grid, strategy.partitions, config.min_train_replies)
@@ -509,11 +516,14 @@ def run_rounds(
         total = strategy.known_test_samples() if test_set is None else len(test_set)
         record = round_record(server_round, training, evaluation, train_metrics, strategy,
                               total)  # fmt: skip
+        ended = strategy.finished(server_round)
+        if ended:  # the record says why it holds fewer rounds than planned
+            writer.run[ENDED_AFTER_ROUND] = server_round
         writer.run.update(strategy.report())
         writer.add(record)
         save_checkpoint(writer.folder, server_round, arrays, strategy, config)
         log(INFO, "%s", round_line(record, config.num_server_rounds))
-        if strategy.finished(server_round):
+        if ended:
             log(INFO, "%s ends the run after round %d", config.algo, server_round)
             break
     return arrays

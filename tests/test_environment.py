@@ -24,7 +24,7 @@ from fedreg_app.metrics import ResultsWriter, RoundRecord
 from fedreg_app.replay import main
 from fedreg_app.server_app import server_device
 from tests.inprocess import results, run_server
-from tests.test_replay import round_record
+from tests.test_replay import refigured, round_record
 
 HERE = describe_environment()
 
@@ -112,12 +112,12 @@ def test_a_resume_keeps_the_first_environment_and_records_its_own(tmp_path: Path
 
 def write_record(path: Path, run: dict) -> Path:
     document = {
-        "config": {"algo": "fedavg", "num-server-rounds": 5},
+        "config": {"algo": "fedavg", "num-server-rounds": 2},
         "run": {"num_clients": 4, "status": "completed", **run},
         "rounds": [round_record(1), round_record(2)],
     }
     path.mkdir(parents=True)
-    (path / "results.json").write_text(json.dumps(document))
+    (path / "results.json").write_text(json.dumps(refigured(document)))
     return path / "results.json"
 
 
@@ -194,7 +194,9 @@ def test_replay_says_when_clients_trained_elsewhere(tmp_path: Path, capsys, monk
     assert main([str(same), "--against", str(moved), "--rounds", "1"]) == 0
     printed = capsys.readouterr().out
     assert "clients of rounds 1..1 trained in other environments in the two records" in printed
-    assert main([str(same), "--against", str(same)]) == 0
+    (tmp_path / "copy").mkdir()  # a file against itself is refused: against its copy
+    (tmp_path / "copy" / "results.json").write_bytes(same.read_bytes())
+    assert main([str(same), "--against", str(tmp_path / "copy")]) == 0
     assert "environment" not in capsys.readouterr().out
     # --against: the other record was resumed on another CPU kind after its first round
     resumed = json.loads(same.read_text())

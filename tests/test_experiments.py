@@ -166,7 +166,7 @@ def fake_result(spec: RunSpec, status: str, g: float, p: float) -> None:
     run = spec.folder / f"run-{status}"
     run.mkdir(parents=True)
     rounds = [{"round": k, "global_accuracy": g, "personal_accuracy": p,
-               "train_seconds": 1.0, "eval_seconds": 1.0} for k in (1, 2)]  # fmt: skip
+               "train_seconds": 1.0, "eval_seconds": 1.0} for k in (1, 2, 3)]  # fmt: skip
     document = {"config": spec.setting, "run": {"status": status, "num_clients": 7},
                 "rounds": rounds, "best_global_accuracy": g,
                 "best_personal_accuracy": p}  # fmt: skip
@@ -182,7 +182,7 @@ def test_completed_runs_are_found_and_summarised(tmp_path: Path) -> None:
     for spec in specs:
         spec.result = spec.finished_results()
     assert first_cell[1].result["best_global_accuracy"] == 0.84
-    assert len(first_cell[1].result["rounds"]) == 2  # the newest run's rounds
+    assert len(first_cell[1].result["rounds"]) == 3  # the newest run's rounds
     summary = summarize(specs)
     assert len(summary) == 4 and summary[0].complete and not summary[1].complete
     table = markdown_table(summary)
@@ -246,12 +246,16 @@ def results_document(
          "eval_replies": 2 if partial else 3, "eval_failures": 1 if partial else 0,
          "errors": [{"phase": "train", "error": "client crashed", "nodes": [7],
                      "partitions": [2]}] if partial else [],
-         "personal_coverage": {"clients": 2 if partial else 3, "of_clients": 3,
-                               "test_samples": 20 if partial else 30, "of_test_samples": 30}},
+         "personal_coverage": {"clients": clients - 1 if partial else clients,
+                               "of_clients": clients, "test_samples": 20 if partial else 30,
+                               "of_test_samples": 30}},
     ]  # fmt: skip
     for best, field in BEST_OF.items():  # the rounds bear the best figures out
         if best in summary and rounds:
             rounds[0][field] = summary[best]
+    if status in ("completed", "degraded"):  # a finished run records every planned round
+        planned = (config or {}).get("num-server-rounds", 1)
+        rounds = [{**rounds[0], "round": k} for k in range(1, planned + 1)]
     return {
         "config": config or {"algo": "fedreg", "dataset": "zalando-datasets/fashion_mnist",
                              "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1,

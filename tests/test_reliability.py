@@ -789,6 +789,11 @@ def test_server_killed_after_its_last_checkpoint_resumes_to_the_same_end(
     assert [r["round"] for r in resumed["rounds"]] == list(range(1, last + 1))
     assert per_round(resumed) == per_round(expected)
     assert_same_arrays(final_model(tmp_path / "part"), final_model(tmp_path / "whole"))
+    from fedreg_app.reports import document_problem
+
+    for record in (expected, resumed):  # the early end is recorded: a finished run to report
+        assert record["run"].get("ended_after_round") == (last if ends_early else None)
+        assert document_problem(record) is None
 
 
 def test_resume_of_an_algorithm_with_client_state_needs_a_state_dir(

@@ -12,6 +12,7 @@ from fedreg_app import replay
 from fedreg_app.environment import describe_environment
 from fedreg_app.experiments import main as run_experiment
 from fedreg_app.launcher import ClientResources
+from fedreg_app.metrics import BEST_OF
 from fedreg_app.overrides import declared_run_config
 from fedreg_app.replay import (
     Recording,
@@ -33,7 +34,7 @@ def round_record(number: int, g: float | None = 0.5, p: float | None = 0.6) -> d
         "global_accuracy": g,
         "personal_accuracy": p,
         "personal_accuracy_answered": p,
-        "client_accuracies": None if p is None else {"0": p, "1": p, "10": p},
+        "client_accuracies": None if p is None else {"0": p, "1": p, "3": p},
         "sampled_clients": [0, 1],
         "num_train_examples": 40,
         "train_seconds": 1.5,
@@ -42,14 +43,26 @@ def round_record(number: int, g: float | None = 0.5, p: float | None = 0.6) -> d
 
 
 def results_file(tmp_path: Path, rounds: int = 3, **config: Any) -> Path:
+    """A run's record of ``rounds`` rounds: ``completed`` when that is all it plans."""
+    config = {"algo": "fedavg", "num-server-rounds": rounds, **config}
+    finished = config["num-server-rounds"] == rounds
     document = {
-        "config": {"algo": "fedavg", "num-server-rounds": 5, **config},
-        "run": {"num_clients": 4, "status": "completed"},
+        "config": config,
+        "run": {"num_clients": 4, "status": "completed" if finished else "running"},
         "rounds": [round_record(n) for n in range(1, rounds + 1)],
     }
     path = tmp_path / "results.json"
-    path.write_text(json.dumps(document))
+    path.write_text(json.dumps(refigured(document)))
     return path
+
+
+def refigured(document: dict[str, Any]) -> dict[str, Any]:
+    """The run-level best figures recomputed from the rounds, as the writer states them:
+    an edit made with care (a reader checks them against the rounds)."""
+    for best, field in BEST_OF.items():
+        present = [r[field] for r in document["rounds"] if r.get(field) is not None]
+        document[best] = max(present, default=None)
+    return document
 
 
 def error_of(argv: list[str], capsys) -> str:
@@ -68,6 +81,8 @@ def test_a_file_that_is_not_json_or_lacks_keys_is_refused_by_name(tmp_path: Path
     broken.write_text(json.dumps({"config": {}, "rounds": []}))
     assert "missing key(s) run" in error_of([str(broken)], capsys)
     broken.write_text(json.dumps({"config": {}, "run": {}, "rounds": []}))
+    assert "config.algo is missing" in error_of([str(broken)], capsys)
+    broken.write_text(json.dumps({"config": {"algo": "fedavg"}, "run": {}, "rounds": []}))
     assert "run.num_clients is None" in error_of([str(broken)], capsys)
     assert "cannot be read" in error_of([str(tmp_path / "absent.json")], capsys)
 
@@ -87,6 +102,10 @@ def test_a_round_record_without_a_compared_field_is_named(tmp_path: Path) -> Non
         ({"global_accuracy": "0.9"}, "round 2: global_accuracy is '0.9'; expected a fraction"),
         ({"personal_accuracy": 7.5}, "round 2: personal_accuracy is 7.5"),
         ({"round": 3}, "rounds[1] is not the record of round 2"),
+        ({"client_accuracies": {"0": "0.6"}}, "round 2: client_accuracies['0'] is '0.6'"),
+        ({"client_accuracies": {"0": float("nan")}}, "round 2: client_accuracies['0'] is nan"),
+        ({"sampled_clients": "all"}, "round 2: sampled_clients is 'all'"),
+        ({"num_train_examples": -40}, "round 2: num_train_examples is -40"),
     ],
 )
 def test_a_record_with_a_value_out_of_range_is_refused_not_compared(
@@ -105,10 +124,52 @@ def test_a_record_with_a_value_out_of_range_is_refused_not_compared(
     assert problem in error_of([str(other), "--against", str(path)], capsys)
 
 
+def test_a_record_in_another_seeds_or_cells_folder_is_refused_before_running(
+    tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """A record that says seed 7, or FedAvg, in ``fedreg/seed0`` was replayed as that
+    other run and ended ``identical=false`` with nothing said why: refused by name, as
+    a report refuses it, before anything runs."""
+    monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: pytest.fail("ran something"))
+    seed0 = tmp_path / "e" / "fedreg" / "seed0"
+    seed0.mkdir(parents=True)
+    path = results_file(seed0, algo="fedreg", seed=7)
+    assert "config.seed is 7 but the file lies in seed0" in error_of([str(path)], capsys)
+    path = results_file(seed0, algo="fedavg", seed=0)
+    assert "config.algo is 'fedavg' but the file lies in cell 'fedreg'" in error_of(
+        [str(path)], capsys
+    )
+
+
+def test_against_the_same_file_is_refused(tmp_path: Path, capsys) -> None:
+    """A record compared with itself (the same path, or a link to it) is always
+    identical: refused, not reported as a reproduction."""
+    path = results_file(tmp_path)
+    link = tmp_path / "link.json"
+    link.symlink_to(path)
+    for other in (path, link):
+        assert "the same file as" in error_of([str(path), "--against", str(other)], capsys)
+
+
+def test_a_file_that_is_not_text_or_holds_a_bad_recorded_value_is_named(
+    tmp_path: Path, capsys
+) -> None:
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b"\xff\xfe\x00garbage")
+    assert f"{garbage}: is not JSON" in error_of([str(garbage), "--rounds", "1"], capsys)
+    path = results_file(tmp_path, lr="fast")
+    err = error_of([str(path), "--rounds", "1", "--out", str(tmp_path / "o")], capsys)
+    assert f"the config recorded in {path.resolve()}: lr='fast' is not allowed" in err
+
+
 @pytest.mark.parametrize("rounds", ["0", "4"])
 def test_rounds_outside_the_recorded_ones_are_refused(tmp_path: Path, capsys, rounds) -> None:
-    err = error_of([str(results_file(tmp_path)), "--rounds", rounds], capsys)
+    recorded = results_file(tmp_path, **{"num-server-rounds": 5})  # stopped after round 3
+    err = error_of([str(recorded), "--rounds", rounds], capsys)
     assert f"--rounds={rounds} is not allowed: expected 1..3" in err
+    (tmp_path / "none").mkdir()
+    empty = results_file(tmp_path / "none", rounds=0, **{"num-server-rounds": 5})
+    assert "records no round yet; nothing to replay" in error_of([str(empty)], capsys)
     assert "num-server-rounds=5" in err
 
 
@@ -235,7 +296,7 @@ def test_a_real_run_replays_identically_and_a_tampered_record_does_not(
     tampered["rounds"][1]["global_accuracy"] += 0.125
     copy = tmp_path / "tampered" / "results.json"
     copy.parent.mkdir()
-    copy.write_text(json.dumps(tampered))
+    copy.write_text(json.dumps(refigured(tampered)))
     # The same machinery again would replay the same rounds: reuse them (saves a run).
     monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: (rounds, {"status": "running"}))
     assert main([str(copy), "--rounds", "2", "--out", str(tmp_path / "again")]) == 1
@@ -265,7 +326,8 @@ def test_against_compares_every_round_both_record_without_running(
     """Two recordings of one config, the second longer and written elsewhere: the rounds
     both hold are compared, nothing is run, exit 0 with the summary line."""
     monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: pytest.fail("ran something"))
-    first = results_file(tmp_path, rounds=3, **{"results-dir": "/a", "state-dir": "/a/s"})
+    first = results_file(tmp_path, rounds=3, **{"num-server-rounds": 5, "results-dir": "/a",
+                                                "state-dir": "/a/s"})  # fmt: skip
     other = second_file(tmp_path, rounds=5, **{"results-dir": "/b", "resume": "/b/run"})
     assert main([str(first), "--against", str(other.parent)]) == 0
     printed = capsys.readouterr().out
@@ -281,11 +343,11 @@ def test_against_names_the_round_and_field_that_differ(tmp_path: Path, capsys) -
     first = results_file(tmp_path, rounds=3)
     other = second_file(tmp_path, rounds=3)
     document = json.loads(other.read_text())
-    document["rounds"][2]["client_accuracies"]["10"] = 0.25
+    document["rounds"][2]["client_accuracies"]["3"] = 0.25
     other.write_text(json.dumps(document))
     assert main([str(first), "--against", str(other), "--rounds", "3"]) == 1
     printed = capsys.readouterr().out
-    assert "| 3 | client_accuracies[10] | 0.6 | 0.25 | 0.35 |" in printed
+    assert "| 3 | client_accuracies[3] | 0.6 | 0.25 | 0.35 |" in printed
     assert "identical=false max_abs_diff=0.35 differing_rounds=3 " in printed
     assert main([str(first), "--against", str(other), "--rounds", "2"]) == 0
 
@@ -322,7 +384,7 @@ def test_against_notes_keys_only_one_run_records(tmp_path: Path, capsys) -> None
     err = error_of([str(first), "--against", str(other), "--rounds", "4"], capsys)
     assert "--rounds=4 is not allowed: expected 1..3" in err
     (tmp_path / "empty").mkdir()
-    empty = results_file(tmp_path / "empty", rounds=0)
+    empty = results_file(tmp_path / "empty", rounds=0, **{"num-server-rounds": 3})
     err = error_of([str(first), "--against", str(empty)], capsys)
     assert f"{empty.resolve()} records no round yet" in err
 

@@ -71,15 +71,26 @@ def fake_run(
         }
         for k, (g, p, a) in enumerate(zip(globals_, personals, answered, strict=True))
     ]
+    traffic = {
+        "bytes_to_clients": 4_000_000,
+        "bytes_from_clients": 1_000_000,
+        "train_bytes_to_clients": 2_000_000,
+        "train_bytes_from_clients": 1_000_000,
+    }
+    for record in rounds[:1]:
+        record.update(traffic)  # the totals are the rounds' sums, as the writer makes them
+    if status == "degraded":  # as the writer decides it: some round had a failed reply
+        for record in [r for r in rounds if r["personal_accuracy"] is None] or rounds[-1:]:
+            record["train_failures"] = 1
     complete = [p for p in personals if p is not None]
     document = {
         "config": {"algo": cell.split("__")[0], "dataset": "zalando-datasets/fashion_mnist",
-                   "num-server-rounds": 5, "alpha": 0.1, "fraction-train": 0.25,
+                   "num-server-rounds": len(rounds) if status in ("completed", "degraded")
+                   else 5, "alpha": 0.1, "fraction-train": 0.25,
                    "local-epochs": 1, "batch-size": 10, "seed": seed, **(config or {})},
         "run": {"status": status, "num_clients": clients, **({"error": error} if error else {})},
         "rounds": rounds,
-        "total_bytes_to_clients": 4_000_000, "total_bytes_from_clients": 1_000_000,
-        "total_train_bytes_to_clients": 2_000_000, "total_train_bytes_from_clients": 1_000_000,
+        **{f"total_{key}": value if rounds else 0 for key, value in traffic.items()},
         "best_global_accuracy": max((g for g in globals_ if g is not None), default=None),
         "best_personal_accuracy": max(complete) if complete else None,
         "best_personal_accuracy_answered": max((a for a in answered if a), default=None),
@@ -151,7 +162,8 @@ def test_provenance_names_every_attempt_machine_and_best_round(tmp_path: Path) -
     """A run resumed on another machine, its clients on a GPU in some rounds: the line
     names both machines, the resume, the code of each attempt and the rounds of the best
     figures; a run from before records kept an environment says so."""
-    fake_run(tmp_path, "smoke", "fedreg", 0, globals_=(0.5, 0.7, 0.7), personals=(0.9, 0.8, None))
+    fake_run(tmp_path, "smoke", "fedreg", 0, globals_=(0.5, 0.7, 0.7), personals=(0.9, 0.8, None),
+             status="degraded")  # fmt: skip
     fake_run(tmp_path, "smoke", "fedreg", 1)
     path = tmp_path / "smoke" / "fedreg" / "seed0" / "run-1" / "results.json"
     document = json.loads(path.read_text())
@@ -165,22 +177,24 @@ def test_provenance_names_every_attempt_machine_and_best_round(tmp_path: Path) -
     path.write_text(json.dumps(document))
     lines = provenance_table(collect(tmp_path)).splitlines()
     assert lines[2] == (
-        "| smoke | fedreg | 0 | completed | 3/5 | 3 (resumed after 1, 2) | AMD EPYC (AVX512) + "
+        "| smoke | fedreg | 0 | degraded | 3/3 | 3 (resumed after 1, 2) | AMD EPYC (AVX512) + "
         "Xeon (AVX512); clients on NVIDIA H200 | 2.14.1 / 1.42.0 + 2.11.0 / 1.42.0 | "
         "aaaa + bbbb | 3.0 | 2 | 70.00 (r2) | 90.00 (r1) | 2026-11-25 |"
     )
     assert lines[3] == (
-        "| smoke | fedreg | 1 | completed | 3/5 | 1 | not recorded | – | – | 3.0 | 0 | "
+        "| smoke | fedreg | 1 | completed | 3/3 | 1 | not recorded | – | – | 3.0 | 0 | "
         "70.00 (r3) | 90.00 (r3) | – |"
     )
-    # a file is not trusted: malformed resumes and counts are left out, not fatal
+    # a file is not trusted: malformed resumes and hosts are left out, not fatal
     document["run"]["resumed"] = ["x", 3, {"after_round": 2, "environment": "y"}]
-    document["rounds"][2]["train_failures"] = "many"
     document["rounds"][1]["client_hosts"] = ["not", "a", "mapping"]
     path.write_text(json.dumps(document))
     line = provenance_table(collect(tmp_path)).splitlines()[2]
     assert "| 2 (resumed after 2) | AMD EPYC (AVX512); clients on NVIDIA H200 |" in line
-    assert "| aaaa | 3.0 | 0 |" in line
+    assert "| aaaa | 3.0 | 2 |" in line
+    document["rounds"][2]["train_failures"] = "many"  # a count that is none: the file is
+    path.write_text(json.dumps(document))  # refused, named, never half-read
+    assert "round 3: train_failures is 'many'" in scan(tmp_path).skipped[0].error
 
 
 def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
@@ -263,6 +277,51 @@ def test_curves_of_degraded_runs_use_the_answering_clients(tmp_path: Path) -> No
     assert (tmp_path / "report" / "e_accuracy.png") in written
 
 
+def test_a_record_in_another_cells_folder_is_refused_not_published_as_that_cell(
+    tmp_path: Path,
+) -> None:
+    """FedAvg's record copied into FedReG's cell (or a grid cell's folder holding a run
+    of another grid value) was averaged and published as that cell, beside the paper's
+    figure for it. The folder names the algorithm and the grid values: the record must
+    be of them. A grid's 1 is a config's 1.0, and a variant's label names no key."""
+    fake_run(tmp_path, "e", "fedavg", 0, globals_=(0.5, 0.6, 0.9))
+    fake_run(tmp_path, "e", "fedreg", 0)
+    fake_run(tmp_path, "g", "fedreg__alpha-0.5", 0, config={"alpha": 0.1})
+    fake_run(tmp_path, "g", "fedreg__alpha-1", 0, config={"alpha": 1.0})
+    fake_run(tmp_path, "g", "fedreg__variant-fresh", 0, config={"optimizer-state": "fresh"})
+    copied = tmp_path / "e" / "fedreg" / "seed1" / "run-1"
+    copied.mkdir(parents=True)
+    source = json.loads((tmp_path / "e/fedavg/seed0/run-1/results.json").read_text())
+    source["config"]["seed"] = 1
+    (copied / "results.json").write_text(json.dumps(source))
+    collection = scan(tmp_path)
+    kept = sorted((r.experiment, r.cell, r.seed) for r in collection.results)
+    assert kept == [("e", "fedavg", 0), ("e", "fedreg", 0), ("g", "fedreg__alpha-1", 0),
+                    ("g", "fedreg__variant-fresh", 0)]  # fmt: skip
+    note = collection.skipped_note(tmp_path)
+    assert (
+        "e/fedreg/seed1: invalid: results.json: config.algo is 'fedavg' but the file "
+        "lies in cell 'fedreg'" in note
+    )
+    assert (
+        "g/fedreg__alpha-0.5/seed0: invalid: results.json: config alpha=0.1 but the file "
+        "lies in cell 'fedreg__alpha-0.5'" in note
+    )
+
+
+def test_a_run_its_algorithm_ended_early_is_finished_with_fewer_rounds(tmp_path: Path) -> None:
+    """Deviation tracking ends its run after its fine-tune rounds, short of
+    num-server-rounds: the record says so (``run.ended_after_round``) and is finished;
+    without it, a ``completed`` run short of its rounds is refused."""
+    fake_run(tmp_path, "e", "fedbabu-deviation", 0, config={"num-server-rounds": 6})
+    path = tmp_path / "e/fedbabu-deviation/seed0/run-1/results.json"
+    assert "records 3 of the 6 rounds" in scan(tmp_path).skipped[0].error
+    document = json.loads(path.read_text())
+    document["run"]["ended_after_round"] = 3
+    path.write_text(json.dumps(document))
+    assert [r.best_global for r in scan(tmp_path).results] == [0.7]
+
+
 def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
     fake_run(tmp_path / "runs", "smoke", "fedreg", 0, status="degraded")
     fake_run(tmp_path / "runs", "smoke", "fedreg", 1, status="failed", error="boom")
@@ -282,6 +341,53 @@ def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
         (lambda d: d.update(best_global_accuracy=0.99), "best_global_accuracy is 0.99 but"),
         (lambda d: d["run"].update(num_clients="20"), "run.num_clients is '20'"),
         (lambda d: d["config"].pop("algo"), "config.algo is missing"),
+        (lambda d: d["run"].update(algo="fedrod"), "run.algo is 'fedrod' but config.algo is"),
+        (lambda d: d["run"].update(status=["completed"]), "run.status is ['completed']; expected"),
+        (
+            lambda d: d["config"].update({"num-server-rounds": 4}),
+            "status 'completed' but it records 3 of the 4 rounds",
+        ),
+        (
+            lambda d: d["config"].update({"num-server-rounds": 2}),
+            "it records 3 rounds, more than the 2 the run plans",
+        ),
+        (
+            lambda d: d["rounds"][1].update(train_failures=3),
+            "status 'completed' but rounds [2] are degraded",
+        ),
+        (lambda d: d["run"].update(status="degraded"), "status 'degraded' but no round is"),
+        (
+            lambda d: d.pop("best_personal_accuracy"),
+            "best_personal_accuracy is 'missing' but the rounds' best personal_accuracy is 0.9",
+        ),
+        (
+            lambda d: d.pop("total_bytes_to_clients"),
+            "total_bytes_to_clients is 'missing' but the rounds' bytes_to_clients sum to 4000000",
+        ),
+        (
+            lambda d: d.update(total_bytes_from_clients=10**7),
+            "total_bytes_from_clients is 10000000 but the rounds' bytes_from_clients sum to",
+        ),
+        (
+            lambda d: d["rounds"][0].update(client_accuracies={"0": "0.5"}),
+            "round 1: client_accuracies['0'] is '0.5'; expected a fraction",
+        ),
+        (
+            lambda d: d["rounds"][0].update(client_accuracies={"20": 0.5}),
+            "round 1: client_accuracies names client '20' below num_clients=20",
+        ),
+        (
+            lambda d: d["rounds"][0].update(sampled_clients=[1, 1]),
+            "round 1: sampled_clients is [1, 1]; expected distinct ids below num_clients=20",
+        ),
+        (
+            lambda d: d["rounds"][0].update(personal_coverage={"clients": 20, "of_clients": 30}),
+            "round 1: personal_coverage is {'clients': 20, 'of_clients': 30}; expected clients",
+        ),
+        (
+            lambda d: d["rounds"][0].update(num_train_examples=-40),
+            "round 1: num_train_examples is -40; expected an integer >= 0",
+        ),
     ],
 )
 def test_a_results_file_that_the_rounds_do_not_bear_out_is_refused_and_named(
@@ -346,19 +452,20 @@ def test_a_cells_mean_is_over_runs_of_one_setting_and_the_others_are_named(
 def test_cells_compared_with_another_budget_or_partition_are_named_under_the_table(
     tmp_path: Path,
 ) -> None:
-    """FedAvg run with 2 rounds (a `--set` meant for a quick look) beside FedReG's 5: the
+    """FedAvg run with 2 rounds (a `--set` meant for a quick look) beside FedReG's 3: the
     table still sets them side by side, and says under it which key differs in which
     cells. A key the grid varies (named in the cells) is not listed."""
     fake_run(tmp_path, "e", "fedreg", 0)
     fake_run(tmp_path, "e", "fedrod", 0)
-    fake_run(tmp_path, "e", "fedavg", 0, config={"num-server-rounds": 2, "alpha": 0.5})
+    fake_run(tmp_path, "e", "fedavg", 0, config={"num-server-rounds": 2, "alpha": 0.5},
+             globals_=(0.5, 0.6), personals=(0.8, 0.85))  # fmt: skip
     fake_run(tmp_path, "g", "fedreg__alpha-0.5", 0, config={"alpha": 0.5})
     fake_run(tmp_path, "g", "fedreg__alpha-0.1", 0)
     table = write_report(tmp_path, tmp_path / "report")[0].read_text()
     assert (
         "Settings that differ between the cells of one experiment (compare with care):\n"
         "- e: `alpha` is 0.1 (fedreg, fedrod); 0.5 (fedavg)\n"
-        "- e: `num-server-rounds` is 5 (fedreg, fedrod); 2 (fedavg)\n"
+        "- e: `num-server-rounds` is 3 (fedreg, fedrod); 2 (fedavg)\n"
     ) in table
     assert "- g:" not in table
     fake_run(tmp_path / "same", "e", "fedreg", 0)
@@ -624,7 +731,7 @@ def test_figure_7_never_averages_runs_of_another_dataset_or_budget_into_one_poin
              globals_=(0.1, 0.2, 0.07), personals=(0.7, 0.7, 0.7))  # fmt: skip
     fake_run(tmp_path, "t3_clients500", "fedreg", 0, clients=500,
              config={**cifar, "batch-size": 1, "partition": "dirichlet-topup"})  # fmt: skip
-    fake_run(tmp_path, "long50", "fedreg", 0, clients=50, config={"num-server-rounds": 100},
+    fake_run(tmp_path, "long50", "fedreg", 0, clients=50, config={"local-epochs": 5},
              personals=(0.7, 0.7, 0.7))  # fmt: skip
     lines = log_ratio_lines(collect(tmp_path))
     assert lines == {
