@@ -90,6 +90,7 @@ from fedreg_app.reports import (
     RUNNING,
     UNREADABLE,
     PaperCells,
+    cell_problem,
     clients_difference,
     footnotes,
     marked,
@@ -354,6 +355,14 @@ def run_spec(
     if run_config.get("dataset-path"):  # the ServerApp runs in another working directory
         run_config["dataset-path"] = str(Path(run_config["dataset-path"]).resolve())
     config = load_config({**declared, **run_config})
+    misnamed = cell_problem(cell_id(cell), config.to_run_config())
+    if misnamed:  # the folder would name another run than the one made in it
+        raise ConfigError(
+            f"[{EXPERIMENT_TABLE}] {experiment.name}: "
+            f"{misnamed.replace('the file lies in', 'its runs would lie in')}; a --set or a "
+            "variant may not change the algorithm or a grid key a cell is named by, and the "
+            "grid may not set seed (--seeds does)"
+        )
     keeps_state = get_algorithm(config.algo).client.keeps_state(config)
     own_state_dir = keeps_state and not config.state_dir
     if own_state_dir:

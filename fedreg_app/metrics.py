@@ -212,6 +212,10 @@ def round_problem(record: Any, number: int, clients: int | None = None) -> str |
     return clients_problem(record, number, clients)
 
 
+#: A partition id as a JSON key: ``0``, ``1``, ... (``01`` would be client 1 twice).
+PARTITION_KEY = re.compile(r"0|[1-9][0-9]*")
+
+
 def clients_problem(record: dict[str, Any], number: int, clients: int | None) -> str | None:
     """The round's client lists: sampled partitions distinct, each client's accuracy a
     fraction, every partition id below the run's number of clients, and the coverage of
@@ -230,7 +234,7 @@ def clients_problem(record: dict[str, Any], number: int, clients: int | None) ->
         if not isinstance(accuracies, dict):
             return f"round {number}: client_accuracies is {accuracies!r}; expected an object"
         for client, value in accuracies.items():
-            if not (client.isdigit() and partition(int(client))):
+            if not (PARTITION_KEY.fullmatch(client) and partition(int(client))):
                 return f"round {number}: client_accuracies names client {client!r}{bound}"
             if not (is_real(value) and 0 <= value <= 1):
                 return (f"round {number}: client_accuracies[{client!r}] is {value!r}; "
@@ -268,13 +272,36 @@ def record_problem(document: Any) -> str | None:
     if not isinstance(rounds, list):
         return "rounds is not a list"
     for number, record in enumerate(rounds, start=1):
-        problem = round_problem(record, number, clients)
+        problem = round_problem(record, number, clients) or coverage_problem(record, run)
         if problem:
             return problem
     planned = planned_rounds(document)
     if planned is not None and len(rounds) > planned:
         return f"it records {len(rounds)} rounds, more than the {planned} the run plans"
     return figures_problem(document, rounds)
+
+
+def coverage_problem(record: dict[str, Any], run: dict[str, Any]) -> str | None:
+    """A round's all-client figures must be of all clients (``round_record`` writes them
+    only then): the personal accuracy and its spread, and the global accuracy where the
+    clients evaluate it, are null unless every client answered; one client accuracy per
+    client that answered. Else a partial figure would be published as the whole."""
+    if "personal_coverage" not in record:
+        return None  # a record from before coverage was written: nothing to hold it to
+    coverage, number = record["personal_coverage"], record["round"]
+    complete = coverage is not None and coverage["clients"] == coverage["of_clients"]
+    whole = ["personal_accuracy", "personal_accuracy_std"]
+    if run.get("global_evaluation") == "clients":
+        whole.append("global_accuracy")
+    for key in whole:
+        if record.get(key) is not None and not complete:
+            return (f"round {number}: {key} is {record[key]!r} but personal_coverage is "
+                    f"{coverage!r}: an all-client figure needs every client")  # fmt: skip
+    accuracies = record.get("client_accuracies")
+    if accuracies is not None and len(accuracies) != (coverage or {}).get("clients", 0):
+        return (f"round {number}: {len(accuracies)} client_accuracies but personal_coverage is "
+                f"{coverage!r}")  # fmt: skip
+    return None
 
 
 #: ``run`` key: the round after which the algorithm itself ended the run, short of
@@ -284,9 +311,14 @@ ENDED_AFTER_ROUND = "ended_after_round"
 
 def planned_rounds(document: dict[str, Any]) -> int | None:
     """The rounds a finished run has: ``num-server-rounds``, or the round its algorithm
-    ended it after (``run.ended_after_round``: deviation tracking's fine-tuning done)."""
-    ended = document["run"].get(ENDED_AFTER_ROUND)
-    planned = document["config"].get("num-server-rounds")
+    ended it after (``run.ended_after_round``: deviation tracking's fine-tuning done;
+    in records written before that key, its fine-tune round R plus its F rounds)."""
+    run, config = document["run"], document["config"]
+    ended = run.get(ENDED_AFTER_ROUND)
+    if ended is None and is_whole(run.get("fine_tune_round")):
+        finetune = config.get("deviation-finetune-rounds")
+        ended = run["fine_tune_round"] + finetune if is_whole(finetune) else None
+    planned = config.get("num-server-rounds")
     if not is_whole(planned):
         return ended if is_whole(ended) else None
     return ended if is_whole(ended) and ended <= planned else planned
@@ -389,7 +421,8 @@ class ResultsWriter:
         # What the interrupted attempt concluded (an error, a status, an end time) is not
         # this attempt's: it is decided again when the resumed run ends.
         earlier = {k: v for k, v in document["run"].items()
-                   if k not in ("error", "finished", "status", "stopped")}  # fmt: skip
+                   if k not in ("error", "finished", "status", "stopped",
+                                ENDED_AFTER_ROUND)}  # fmt: skip
         continued = {
             **earlier, **run, "resumed": resumes, "status": RUNNING,
             "run_id": document["run"]["run_id"],  # the first run's id names the folder

@@ -73,7 +73,7 @@ from fedreg_app.metrics import (  # noqa: E402
 )
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
-from fedreg_app.registry import load_config  # noqa: E402
+from fedreg_app.registry import algorithm_names, load_config  # noqa: E402
 
 CELL_SEPARATOR = "__"
 
@@ -319,27 +319,47 @@ def placement_problem(path: Path, document: dict[str, Any]) -> str | None:
     (``seed<k>/results.json`` or ``seed<k>/<run folder>/results.json``) and in the cell
     folder of its algorithm and grid values (``fedreg__alpha-0.5``). Else a copy of
     another cell's run would be averaged and published as this cell's. A file outside
-    that layout is not checked."""
+    that layout (no ``seed<k>`` folder, or none below a folder named for an algorithm)
+    is not checked."""
+    path = path.resolve()
     seed_folder = next((f for f in (path.parent, path.parent.parent)
                         if SEED_FOLDER.fullmatch(f.name)), None)  # fmt: skip
     if seed_folder is None:
         return None
-    config, seed = document["config"], int(seed_folder.name.removeprefix("seed"))
+    config, cell = document["config"], seed_folder.parent.name
+    if cell.split(CELL_SEPARATOR)[0] not in algorithm_names():
+        return None  # a seed<k> folder of a user's own, not the runner's layout
+    seed = int(seed_folder.name.removeprefix("seed"))
     if config.get("seed") != seed:
         return f"config.seed is {config.get('seed')!r} but the file lies in {seed_folder.name}"
-    return cell_problem(seed_folder.parent.name, config)
+    return cell_problem(cell, config)
+
+
+#: Keys a cell's folder may name but a run records resolved (a path made absolute):
+#: where a run read and wrote, not what it was.
+LOCATION_KEYS = ("dataset-path", "init-model", "results-dir", "state-dir", "resume")
 
 
 def cell_problem(cell: str, config: dict[str, Any]) -> str | None:
     """Whether the cell folder's name (the runner's ``cell_id``: the algorithm, then a
-    ``key-value`` per grid key, then the variant's label) names this config's values."""
+    ``key-value`` per grid key, then the variant's label) names this config's values. A
+    value may itself hold the separator; a part that names no key of the config (the
+    variant's label) is passed over."""
     algo, *parts = cell.split(CELL_SEPARATOR)
     if algo != str(config["algo"]).replace("/", "_"):
         return f"config.algo is {config['algo']!r} but the file lies in cell {cell!r}"
-    for part in parts:
-        key = max((k for k in config if part.startswith(f"{k}-")), key=len, default=None)
-        if key is not None and not _names_value(part[len(key) + 1 :], config[key]):
+    index = 0
+    while index < len(parts):
+        key = max((k for k in config if parts[index].startswith(f"{k}-")), key=len, default=None)
+        if key is None or key in LOCATION_KEYS:
+            index += 1
+            continue
+        ends = [end for end in range(index + 1, len(parts) + 1)
+                if _names_value(CELL_SEPARATOR.join(parts[index:end])[len(key) + 1 :],
+                                config[key])]  # fmt: skip
+        if not ends:
             return f"config {key}={config[key]!r} but the file lies in cell {cell!r}"
+        index = ends[0]
     return None
 
 

@@ -48,7 +48,7 @@ from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree
 from fedreg_app.metrics import BEST_OF, ResultsWriter, RoundRecord
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
-from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, mean_std
+from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, cell_problem, mean_std
 from tests.holders import SERVERAPP, held_elsewhere
 
 DECLARED = declared_run_config()
@@ -145,6 +145,57 @@ def test_a_bad_experiment_table_is_refused_naming_the_key(
     assert problem in capsys.readouterr().err and not (tmp_path / "outside").exists()
 
 
+@pytest.mark.parametrize(
+    ("toml", "overrides", "named"),
+    [
+        ("grid = { alpha = [0.1, 0.5] }", {"alpha": 1.0}, "config alpha=1.0 but its runs"),
+        ("grid = { seed = [5] }", {}, "config seed=0 but its runs"),
+        ("", {"algo": "fedavg"}, "config.algo is 'fedavg' but its runs would lie in cell 'fedreg'"),
+    ],
+    ids=["set-on-a-grid-key", "grid-sets-seed", "set-algo"],
+)
+def test_a_run_its_cell_folder_would_misname_is_refused_before_any_work(
+    tmp_path: Path, toml: str, overrides: dict, named: str
+) -> None:
+    """A `--set` of a grid key (or of the algorithm) and a grid over `seed` made runs whose
+    folder names another value than they ran with: the report would then refuse them, or
+    publish them as that other cell. Refused when the grid is planned."""
+    config = write(tmp_path / "t.toml", f"algo = 'fedreg'\n[experiment]\nname = 'm'\n{toml}\n")
+    with pytest.raises(ConfigError, match="a --set or a variant may not change") as refused:
+        plan([Experiment.load(config, DECLARED)], tmp_path / "out", DECLARED, overrides)
+    assert named in str(refused.value)
+
+
+def test_the_runners_own_cell_folders_hold_records_it_reads_as_theirs(
+    tmp_path: Path, grey_dataset: Path
+) -> None:
+    """Grid values the run records otherwise than the folder names them: a relative
+    dataset path (recorded resolved), an integer grid value (recorded as a float), a
+    bool, and a variant's label; and (the folder check alone) a value holding the
+    folder separator."""
+    config = write(tmp_path / "t.toml", textwrap.dedent(f"""
+        [experiment]
+        name = "own"
+        algos = ["fedreg"]
+        grid = {{ dataset-path = ["{grey_dataset.name}"], alpha = [1], tensorboard = [true] }}
+        variants = {{ plain = {{ local-epochs = 2 }} }}
+    """))  # fmt: skip
+    here = Path.cwd()
+    os.chdir(grey_dataset.parent)
+    try:
+        [spec] = plan([Experiment.load(config, DECLARED)], tmp_path / "out", DECLARED, {})
+    finally:
+        os.chdir(here)
+    assert spec.folder.parent.name == (
+        f"fedreg__dataset-path-{grey_dataset.name}__alpha-1__tensorboard-True__variant-plain"
+    )
+    write_results(spec, "completed")
+    assert spec.finished_results() is not None, spec.failure()
+    separated = {"algo": "fedreg", "dataset": "org__x/ds", "alpha": 0.5}
+    assert cell_problem("fedreg__dataset-org__x_ds__alpha-0.5", separated) is None
+    assert "alpha=0.5" in cell_problem("fedreg__dataset-org__x_ds__alpha-0.1", separated)
+
+
 def test_written_run_config_is_flat_toml(tmp_path: Path) -> None:
     values = {"algo": "fedreg", "alpha": 0.5, "seed": 3, "fedreg-rebalance": False}
     path = write_run_config({**values, "results-dir": "/tmp/x y"}, tmp_path)
@@ -232,30 +283,65 @@ def test_an_unknown_key_in_a_config_file_names_the_file_and_the_closest_key(
 
 
 # ------------------------------------------------------- degraded and failed runs
+#: A round's coverage where every one of a test grid's 20 clients answered.
+EVERY_CLIENT = {"clients": 20, "of_clients": 20, "test_samples": 30, "of_test_samples": 30}
+
+
 def results_document(
     status: str, config: dict[str, Any] | None = None, clients: int = 20, **summary: Any
 ) -> dict[str, Any]:
     """A results.json as the ServerApp writes it (the fields the runner and report read),
     recording ``config`` (a run's whole validated config: the runner compares it) and the
-    number of clients (part of the setting too; the test grids' default is 20)."""
-    partial = status == "degraded"
-    rounds = [] if status == "failed" else [
-        {"round": 1, "global_accuracy": 0.5, "personal_accuracy": None if partial else 0.7,
-         "personal_accuracy_answered": 0.7, "train_seconds": 1.0, "eval_seconds": 1.0,
-         "train_replies": 2 if partial else 3, "train_failures": 1 if partial else 0,
-         "eval_replies": 2 if partial else 3, "eval_failures": 1 if partial else 0,
-         "errors": [{"phase": "train", "error": "client crashed", "nodes": [7],
-                     "partitions": [2]}] if partial else [],
-         "personal_coverage": {"clients": clients - 1 if partial else clients,
-                               "of_clients": clients, "test_samples": 20 if partial else 30,
-                               "of_test_samples": 30}},
-    ]  # fmt: skip
-    for best, field in BEST_OF.items():  # the rounds bear the best figures out
-        if best in summary and rounds:
-            rounds[0][field] = summary[best]
-    if status in ("completed", "degraded"):  # a finished run records every planned round
-        planned = (config or {}).get("num-server-rounds", 1)
-        rounds = [{**rounds[0], "round": k} for k in range(1, planned + 1)]
+    number of clients (part of the setting too; the test grids' default is 20). A finished
+    run records every planned round; in a degraded one every round lost a client (its
+    all-client P null), or only the last where ``summary`` gives an all-client best P.
+    ``summary`` sets best figures, which the rounds then bear out."""
+    whole = {
+        "round": 1,
+        "global_accuracy": 0.5,
+        "personal_accuracy": 0.7,
+        "personal_accuracy_answered": 0.7,
+        "train_seconds": 1.0,
+        "eval_seconds": 1.0,
+        "train_replies": 3,
+        "train_failures": 0,
+        "eval_replies": 3,
+        "eval_failures": 0,
+        "errors": [],
+        "personal_coverage": {
+            "clients": clients,
+            "of_clients": clients,
+            "test_samples": 30,
+            "of_test_samples": 30,
+        },
+    }
+    for best, field in BEST_OF.items():
+        if best in summary:
+            whole[field] = summary[best]
+    partial = {
+        **whole,
+        "personal_accuracy": None,
+        "train_replies": 2,
+        "train_failures": 1,
+        "eval_replies": 2,
+        "eval_failures": 1,
+        "errors": [{"phase": "train", "error": "client crashed", "nodes": [7], "partitions": [2]}],
+        "personal_coverage": {
+            "clients": clients - 1,
+            "of_clients": clients,
+            "test_samples": 20,
+            "of_test_samples": 30,
+        },
+    }
+    planned = (config or {}).get("num-server-rounds", 1) if status != "running" else 1
+    rounds = [{**whole, "round": k} for k in range(1, planned + 1)]
+    if status == "degraded" and summary.get("best_personal_accuracy") is None:
+        rounds = [{**partial, "round": k} for k in range(1, planned + 1)]  # none complete
+    elif status == "degraded":
+        rounds[-1] = {**partial, "round": planned}
+    if status == "failed":
+        rounds = []
+    personal = [r["personal_accuracy"] for r in rounds if r["personal_accuracy"] is not None]
     return {
         "config": config or {"algo": "fedreg", "dataset": "zalando-datasets/fashion_mnist",
                              "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1,
@@ -264,10 +350,9 @@ def results_document(
                 **({"error": "RuntimeError: CUDA out of memory\nsecond line"}
                    if status == "failed" else {})},
         "rounds": rounds,
-        "best_global_accuracy": 0.5 if rounds else None,
-        "best_personal_accuracy": None if partial or not rounds else 0.7,
-        "best_personal_accuracy_answered": 0.7 if rounds else None,
-        **summary,
+        "best_global_accuracy": whole["global_accuracy"] if rounds else None,
+        "best_personal_accuracy": max(personal, default=None),
+        "best_personal_accuracy_answered": whole["personal_accuracy_answered"] if rounds else None,
     }  # fmt: skip
 
 
@@ -753,7 +838,7 @@ def test_a_run_whose_final_status_write_fails_says_so_and_the_rerun_completes_it
     document = json.loads((folder / "results.json").read_text())
     writer = ResultsWriter(folder, document["config"], document["run"])  # as the ServerApp
     for k in range(1, last + 1):
-        writer.add(RoundRecord(k, 0.5, 0.7, 0.0, 1.0, 1.0, 30))
+        writer.add(RoundRecord(k, 0.5, 0.7, 0.0, 1.0, 1.0, 30, personal_coverage=EVERY_CLIENT))
     before = (folder / "results.json").read_bytes()
 
     def disk_full(fd: int) -> None:  # a full disk surfaces when the written data is synced
@@ -785,10 +870,11 @@ from pathlib import Path
 from fedreg_app import persist
 from fedreg_app.metrics import ResultsWriter, RoundRecord
 folder, last, signals = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+EVERY_CLIENT = {"clients": 20, "of_clients": 20, "test_samples": 30, "of_test_samples": 30}
 document = json.loads((folder / "results.json").read_text())
 writer = ResultsWriter(folder, document["config"], document["run"])
 for k in range(1, last + 1):
-    writer.add(RoundRecord(k, 0.5, 0.7, 0.0, 1.0, 1.0, 30))
+    writer.add(RoundRecord(k, 0.5, 0.7, 0.0, 1.0, 1.0, 30, personal_coverage=EVERY_CLIENT))
 (signals / "before").write_bytes((folder / "results.json").read_bytes())
 def wait_for_the_kill(fd):
     (signals / "ready").touch()

@@ -103,6 +103,11 @@ def test_a_client_failing_makes_the_run_degraded_and_the_personal_figure_partial
     coverage = round2["personal_coverage"]
     assert (coverage["clients"], coverage["of_clients"]) == (3, 4)
     assert coverage["test_samples"] < coverage["of_test_samples"]
+    from fedreg_app.reports import document_problem
+
+    assert document_problem(document) is None  # a report reads it as written
+    round2["personal_accuracy"] = round2["personal_accuracy_answered"]  # passed off as whole
+    assert "round 2: personal_accuracy is" in document_problem(document)
     assert round2["errors"] == [{"phase": "evaluate", "error": "OSError: disk on fire",
                                  "nodes": [1002], "partitions": [2]}]  # fmt: skip
     assert "2" not in round2["client_accuracies"]

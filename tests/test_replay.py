@@ -139,6 +139,12 @@ def test_a_record_in_another_seeds_or_cells_folder_is_refused_before_running(
     assert "config.algo is 'fedavg' but the file lies in cell 'fedreg'" in error_of(
         [str(path)], capsys
     )
+    monkeypatch.chdir(seed0)  # given by a relative path, from inside the seed folder
+    assert "config.algo is 'fedavg'" in error_of(["results.json"], capsys)
+    mine = tmp_path / "my-results" / "seed0"  # a seed<k> folder of a user's own layout
+    mine.mkdir(parents=True)
+    other = results_file(mine, algo="fedavg", seed=3)
+    assert read_recording(other).config["seed"] == 3  # not the runner's: not judged
 
 
 def test_against_the_same_file_is_refused(tmp_path: Path, capsys) -> None:

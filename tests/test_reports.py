@@ -320,6 +320,12 @@ def test_a_run_its_algorithm_ended_early_is_finished_with_fewer_rounds(tmp_path:
     document["run"]["ended_after_round"] = 3
     path.write_text(json.dumps(document))
     assert [r.best_global for r in scan(tmp_path).results] == [0.7]
+    # a record from before that key: its fine-tune round R and F rounds say the same
+    del document["run"]["ended_after_round"]
+    document["run"]["fine_tune_round"] = 2
+    document["config"]["deviation-finetune-rounds"] = 1
+    path.write_text(json.dumps(document))
+    assert [r.best_global for r in scan(tmp_path).results] == [0.7]
 
 
 def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
@@ -387,6 +393,24 @@ def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
         (
             lambda d: d["rounds"][0].update(num_train_examples=-40),
             "round 1: num_train_examples is -40; expected an integer >= 0",
+        ),
+        (
+            lambda d: d["rounds"][0].update(client_accuracies={"\u00b2": 0.5}),
+            "round 1: client_accuracies names client '\u00b2'",
+        ),
+        (
+            lambda d: d["rounds"][0].update(client_accuracies={"01": 0.5}),
+            "round 1: client_accuracies names client '01'",
+        ),
+        (
+            lambda d: d["rounds"][0].update(personal_coverage={"clients": 19, "of_clients": 20}),
+            "round 1: personal_accuracy is 0.8 but personal_coverage is {'clients': 19",
+        ),
+        (
+            lambda d: d["rounds"][0].update(
+                personal_coverage={"clients": 20, "of_clients": 20}, client_accuracies={"0": 0.5}
+            ),
+            "round 1: 1 client_accuracies but personal_coverage is {'clients': 20",
         ),
     ],
 )
