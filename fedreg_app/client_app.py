@@ -31,7 +31,7 @@ from flwr.common import log
 from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_state import VersionedState
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path, is_count
-from fedreg_app.data import PartitionKey, data_cache_folder, node_data
+from fedreg_app.data import DatasetInfo, PartitionKey, data_cache_folder, node_data
 from fedreg_app.models import SplitModel, checked_value, initial_model
 from fedreg_app.privacy import privatise_locally
 from fedreg_app.protocol import (
@@ -361,9 +361,18 @@ def dp_reference(procedure: ClientProcedure, sent: dict, msg: Message, server_ro
 def reply_keys(setup: ClientSetup, server_round: int) -> set[str]:
     """The entries a training reply of ``server_round`` carries, named by the server's
     own strategy code for this run (as the server checks the reply against)."""
-    strategy, model = server_view(setup)
-    current = {key: value.numpy() for key, value in model.state_dict().items()}
+    strategy, current = reply_view(setup.config, setup.info)
     return set(strategy.expected_reply_arrays(server_round, current))
+
+
+@functools.lru_cache(maxsize=4)
+def reply_view(
+    config: RunConfig, info: DatasetInfo
+) -> tuple[PersonalizedStrategy, dict[str, np.ndarray]]:
+    """The strategy and the server's initial model entries, built once per process and
+    run (not per training message): only the entries' names are read from them."""
+    strategy, model = server_view(config, info)
+    return strategy, {key: value.numpy() for key, value in model.state_dict().items()}
 
 
 def evaluate_work(
@@ -385,15 +394,15 @@ def evaluate_work(
 def global_model_parts(setup: ClientSetup, arrays: dict) -> ModelParts:
     """The global model, built exactly as the server's strategy builds it (the same
     code: e.g. GPFL's head on the valve conditioned by the mean condition)."""
-    strategy, model = server_view(setup)
+    strategy, model = server_view(setup.config, setup.info)
     return strategy.global_parts(model.to(select_device(setup.config.device)), arrays)
 
 
-def server_view(setup: ClientSetup) -> tuple[PersonalizedStrategy, SplitModel]:
+def server_view(config: RunConfig, info: DatasetInfo) -> tuple[PersonalizedStrategy, SplitModel]:
     """The run's strategy and the server's model (its initial weights, on the CPU), built
     by the same code as on the server."""
-    strategy = get_algorithm(setup.config.algo).strategy(setup.config)
-    model = initial_model(setup.info, setup.config)
+    strategy = get_algorithm(config.algo).strategy(config)
+    model = initial_model(info, config)
     strategy.prepare_model(model)
     return strategy, model
 

@@ -376,7 +376,7 @@ def _names_value(text: str, value: Any) -> bool:
     return False
 
 
-def read_document(path: Path, check_placement: bool = True) -> dict[str, Any]:
+def read_document(path: Path) -> dict[str, Any]:
     """A results.json, or an ``unreadable`` / ``invalid`` status that says why. A record
     that does not lie in its own seed's and cell's folder is invalid
     (:func:`placement_problem`): it would be averaged as that seed, or that cell."""
@@ -386,7 +386,7 @@ def read_document(path: Path, check_placement: bool = True) -> dict[str, Any]:
         return {"run": {"status": UNREADABLE, "error": f"{path.name}: {err}"}}
     problem = document_problem(document)
     readable = not problem and run_status(document) in (*FINISHED, *UNFINISHED)
-    if readable and check_placement:
+    if readable:
         problem = placement_problem(path, document)
     if problem:
         return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}

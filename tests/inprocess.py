@@ -78,9 +78,10 @@ class ServerKilled(BaseException):  # noqa: N818 - it stands for a signal, not a
 
 def forget_process_caches() -> None:
     """What a new process would not have: decoded datasets, partitions, validated
-    configs (and, through them, the rebalanced datasets built from those partitions)."""
+    configs (and, through them, the rebalanced datasets built from those partitions),
+    local DP's view of the server's strategy."""
     for cached in (data.federated_dataset, data.load_info, data.client_splits,
-                   client_app._validated):  # fmt: skip
+                   client_app._validated, client_app.reply_view):  # fmt: skip
         cached.cache_clear()
     gc.collect()  # the rebalanced datasets are kept per partition, weakly
 
