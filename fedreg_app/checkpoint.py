@@ -7,7 +7,8 @@ Written after every round into ``<run folder>/checkpoint/`` as one unit:
 * ``state.json`` - the commit record, written atomically after both: the round, the
   folder holding its arrays with the sha256 and size of each file, the sampling
   generator's state, the strategy's scalar state, the client-state key, the run config it
-  was made with, and a sha256 of all that.
+  was made with, the clients it was made with (their number and every partition's split
+  sizes), and a sha256 of all that.
 
 A kill at any moment leaves ``state.json`` naming a complete earlier round (its folder is
 deleted only after the new ``state.json`` is in place), so a checkpoint is never a mix of
@@ -67,6 +68,8 @@ class Checkpoint:
     strategy_state: dict[str, Any]
     state_key: str
     run_config: dict[str, Any]
+    #: The federation it was made with (:func:`clients_record`); None in earlier versions.
+    clients: dict[str, Any] | None = None
 
     def save(self, run_folder: Path) -> None:
         """Arrays into a fresh round folder, then ``state.json`` naming it (the commit),
@@ -88,6 +91,7 @@ class Checkpoint:
             "strategy_state": self.strategy_state,
             "state_key": self.state_key,
             "run_config": self.run_config,
+            "clients": self.clients,
         }
         save_json(folder / STATE, {**body, "sha256": _body_hash(body)})
         _remove_all_but(folder, rounds.name)
@@ -123,6 +127,7 @@ class Checkpoint:
             strategy_state=_field(state, "strategy_state", dict, state_path),
             state_key=_field(state, "state_key", str, state_path),
             run_config=_field(state, "run_config", dict, state_path),
+            clients=_clients_field(state, state_path),
         )
         return checkpoint, folder.parent
 
@@ -148,6 +153,41 @@ class Checkpoint:
                 f"num-server-rounds={config.num_server_rounds} is not allowed: the checkpoint "
                 f"has already finished round {self.round}; expected at least that many"
             )
+
+    def check_clients(self, now: Mapping[str, Any]) -> None:
+        """The resumed run must have the same clients with the same data: another number of
+        partitions (another ``num-supernodes``, or nodes started with another
+        ``num-partitions``) or another partitioning (a dataset changed at its path) would
+        continue the checkpoint's model and client state on other data."""
+        then = self.clients
+        if then is None:  # a checkpoint of an earlier version: nothing to compare
+            return
+        if now["num_clients"] != then["num_clients"]:
+            raise ConfigError(
+                f"resume: {now['num_clients']} clients (partitions) is not allowed: the "
+                f"checkpoint was made with {then['num_clients']}; start the federation with "
+                f"{then['num_clients']} (num-supernodes, or the nodes' num-partitions)"
+            )
+        sizes_then, sizes_now = then.get("split_sizes"), now.get("split_sizes")
+        if sizes_then is None or sizes_now is None or sizes_then == sizes_now:
+            return
+        pairs = enumerate(zip(sizes_then, sizes_now, strict=True))
+        changed = next(p for p, (a, b) in pairs if a != b)
+        raise ConfigError(
+            f"resume: partition {changed} now has (train, test) sizes "
+            f"{tuple(sizes_now[changed])}, the checkpoint's run had "
+            f"{tuple(sizes_then[changed])}: the data are not the ones the run was trained on "
+            "(the dataset at dataset-path was replaced, or the partitioning changed); "
+            "resume with the original data, or start anew"
+        )
+
+
+def clients_record(num_clients: int, sizes: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
+    """What a checkpoint keeps of its federation: the number of partitions, and each
+    partition's (train, test) split sizes where the ServerApp knows them (not for the
+    reference algorithms, which keep no partitioning)."""
+    split_sizes = [list(sizes[p]) for p in range(num_clients)] if sizes else None
+    return {"num_clients": num_clients, "split_sizes": split_sizes}
 
 
 def state_path(run_folder: Path) -> Path:
@@ -246,6 +286,23 @@ def _field(state: Mapping[str, Any], key: str, kind: type, path: Path) -> Any:
         return value
     wanted = "an integer >= 1" if kind is int else kind.__name__
     raise _fail(path, f"has no valid {key!r} (expected {wanted}, got {value!r:.60})")
+
+
+def _clients_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | None:
+    """The ``clients`` record, checked for shape (older checkpoints have none)."""
+    clients = state.get("clients")
+    if clients is None:
+        return None
+    number = clients.get("num_clients") if isinstance(clients, dict) else None
+    sizes = clients.get("split_sizes") if isinstance(clients, dict) else None
+    sizes_ok = sizes is None or (
+        isinstance(sizes, list) and len(sizes) == number
+        and all(isinstance(pair, list) and len(pair) == 2
+                and all(is_count(n) or n == 0 for n in pair) for pair in sizes)
+    )  # fmt: skip
+    if not is_count(number) or not sizes_ok:
+        raise _fail(path, f"has no valid 'clients' record (got {clients!r:.80})")
+    return clients
 
 
 def _round_folders(folder: Path) -> list[Path]:

@@ -27,7 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedreg_app.checkpoint import Checkpoint, committed_round
+from fedreg_app.checkpoint import Checkpoint, clients_record, committed_round
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import (
     PartitionKey,
@@ -544,6 +544,7 @@ def save_checkpoint(
         strategy_state=strategy_state,
         state_key=strategy.state_key,
         run_config=config.to_run_config(),
+        clients=clients_record(strategy.num_partitions, strategy.split_sizes),
     ).save(folder)
 
 
@@ -759,6 +760,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     info = load_info(key)
     if not algorithm.reference:  # one partitioning of the clients' data
         strategy.split_sizes = split_sizes(key)
+    if checkpoint is not None:  # before any work: the same clients, on the same data
+        checkpoint.check_clients(clients_record(partitions.num_partitions, strategy.split_sizes))
     if config.dp_mode == "central":  # after split_sizes: the declarations are checked
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None

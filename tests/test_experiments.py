@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from fedreg_app import experiments, persist
-from fedreg_app.checkpoint import Checkpoint
+from fedreg_app.checkpoint import Checkpoint, clients_record
 from fedreg_app.config import ConfigError
 from fedreg_app.experiments import (
     EXIT_BUSY,
@@ -649,6 +649,7 @@ def interrupted_run(
     Checkpoint(
         round=at_round, model={"w": np.ones(3, np.float32)}, strategy_arrays={},
         strategy_state={}, state_key=name, run_config=config.to_run_config(),
+        clients=clients_record(spec.clients, {}),
     ).save(folder)  # fmt: skip
     (spec.state_dir / "runs" / name / "partition-0").mkdir(parents=True)
     return folder
@@ -777,6 +778,10 @@ def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path
     changed = {**killed.run_config, "local-epochs": 7}
     attempt = decide(RunSpec(**{**killed.__dict__, "run_config": changed}), DECLARED)
     assert attempt.resume is None and "local-epochs" in attempt.note
+    # So does the experiment's number of clients (the ServerApp would refuse the resume).
+    attempt = decide(RunSpec(**{**killed.__dict__, "clients": killed.clients + 1}), DECLARED)
+    assert attempt.resume is None
+    assert f"checkpoint was made with {killed.clients}; starting anew" in attempt.note
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from flwr.app import RecordDict
 
 from clients.rebalance import _CACHE, cached_rebalanced
 from fedreg_app import data as data_module
-from fedreg_app.checkpoint import Checkpoint
+from fedreg_app.checkpoint import Checkpoint, clients_record
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
 from fedreg_app.experiments import RUNNER_LOCK, exclusive_out
@@ -139,6 +140,39 @@ def test_resume_must_be_the_same_experiment(tmp_path: Path) -> None:
         checkpoint.check_compatible(RunConfig(algo="fedreg", alpha=0.1, num_server_rounds=2))
     with pytest.raises(ConfigError, match="no checkpoint"):
         Checkpoint.load(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    "clients",
+    [
+        {"num_clients": 2, "split_sizes": [[3, 1]]},  # one partition's sizes for two
+        {"num_clients": 0, "split_sizes": None},
+        {"num_clients": 1, "split_sizes": [[3, -1]]},
+        "4",
+    ],
+)
+def test_a_checkpoint_whose_clients_record_is_malformed_is_refused(
+    tmp_path: Path, clients: Any
+) -> None:
+    """state.json is hashed, but a hash recomputed over an edited body still matches: the
+    clients record is checked for shape, so the resume's comparison never reads garbage."""
+    config = RunConfig(algo="fedavg").to_run_config()
+    Checkpoint(3, {}, {}, {}, "k", config, clients).save(tmp_path)
+    with pytest.raises(ConfigError, match="has no valid 'clients' record"):
+        Checkpoint.load(tmp_path)
+
+
+def test_a_checkpoint_names_the_partition_whose_data_changed(tmp_path: Path) -> None:
+    config = RunConfig(algo="fedavg").to_run_config()
+    made = clients_record(3, {0: (30, 10), 1: (45, 15), 2: (9, 3)})
+    Checkpoint(3, {}, {}, {}, "k", config, made).save(tmp_path)
+    loaded, _ = Checkpoint.load(tmp_path)
+    loaded.check_clients(clients_record(3, {0: (30, 10), 1: (45, 15), 2: (9, 3)}))
+    loaded.check_clients(clients_record(3, {}))  # a reference algorithm knows no splits
+    with pytest.raises(ConfigError, match=r"partition 1 now has .* \(44, 15\), .* \(45, 15\)"):
+        loaded.check_clients(clients_record(3, {0: (30, 10), 1: (44, 15), 2: (9, 3)}))
+    with pytest.raises(ConfigError, match="2 clients .* made with 3"):
+        loaded.check_clients(clients_record(2, {0: (30, 10), 1: (45, 15)}))
 
 
 def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import load_config
 from fedreg_app.training import EVAL_BATCH_ENV
 from strategies.fedreg import FedReGStrategy
+from tests.fake_data import write_image_dataset
 from tests.holders import SERVERAPP, held_elsewhere
 from tests.inprocess import (
     Fault,
@@ -678,6 +679,40 @@ def test_a_copy_of_a_run_folder_is_not_resumed_under_its_new_name(
         in str(stopped)  # fmt: skip
     assert sorted(str(p) for p in (tmp_path / "state").rglob("*")) == state_before
     _, stopped = run_server({**config, "resume": str(folder)}, run_id=3)
+    assert stopped is None
+    whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
+    run_server(whole)
+    assert per_round(results_of(folder)) == per_round(results(tmp_path / "whole"))
+
+
+def test_a_resume_on_other_clients_or_other_data_is_refused_before_any_work(
+    base: dict[str, Any], tmp_path: Path, grey_dataset: Path
+) -> None:
+    """The checkpoint kept only the run config, so a resume on 5 partitions instead of 4
+    (another num-supernodes) or on a dataset replaced at its path trained the checkpoint's
+    model on other clients' data and ended `completed`, caught (if at all) only when its
+    record was read. Now the checkpoint records its clients (number, split sizes) and
+    both resumes are refused before a message is sent, the folder untouched; the original
+    clients then resume to the uninterrupted figures."""
+    config = {**base, "state-dir": str(tmp_path / "state")}
+    folder = killed_in_round_2(config, tmp_path)
+    clients = json.loads((folder / "checkpoint" / "state.json").read_text())["clients"]
+    assert clients["num_clients"] == 4 and len(clients["split_sizes"]) == 4
+    before = (folder / "results.json").read_bytes()
+    resumed = {**config, "resume": str(folder), "results-dir": str(tmp_path / "second")}
+    grid, stopped = run_server(resumed, num_partitions=5, run_id=2)
+    assert isinstance(stopped, ConfigError)
+    assert "5 clients (partitions) is not allowed: the checkpoint was made with 4" in str(stopped)
+    assert not [phase for phase, _, _ in grid.delivered if phase == TRAIN]
+    # the same files with fewer images: a re-download or re-conversion at the same path
+    other_data = write_image_dataset(tmp_path / "other", n_train=240, seed=0)
+    _, stopped = run_server({**resumed, "dataset-path": str(other_data)}, run_id=3)
+    assert isinstance(stopped, ConfigError)
+    assert "the data are not the ones the run was trained on" in str(stopped)
+    assert (folder / "results.json").read_bytes() == before
+    moved = shutil.copytree(grey_dataset, tmp_path / "moved")  # a move keeps the data
+    _, stopped = run_server({**config, "resume": str(folder), "dataset-path": str(moved)},
+                            run_id=4)  # fmt: skip
     assert stopped is None
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
     run_server(whole)
