@@ -265,16 +265,35 @@ class Collection:
         return "\n".join(lines + [s.line(root) for s in self.skipped])
 
 
-def results_files(root: Path) -> dict[Path, list[Path]]:
+LINKED = "linked"
+
+
+def results_files(root: Path) -> tuple[dict[Path, list[Path]], list[Skipped]]:
     """Every results.json under ``root`` per seed folder, oldest first: the runner's
     ``seed<k>/<run>/results.json`` (run folders sort by time) and the committed
-    ``seed<k>/results.json`` (one run, no run folder)."""
+    ``seed<k>/results.json`` (one run, no run folder). A file reached a second time
+    through a link (an experiment or cell folder linked under another name) is counted
+    once, under its path with the fewest links, and the other path is named."""
+    found = [(path, path.parent) for path in sorted(root.glob("*/*/seed*/results.json"))]
+    found += [(path, path.parent.parent) for path in sorted(root.glob("*/*/seed*/*/results.json"))]
+    first: dict[Path, Path] = {}
+    for path, _ in sorted(found, key=lambda item: (links_in(item[0], root), str(item[0]))):
+        first.setdefault(path.resolve(), path)
     files: dict[Path, list[Path]] = {}
-    for path in sorted(root.glob("*/*/seed*/results.json")):
-        files.setdefault(path.parent, []).append(path)
-    for path in sorted(root.glob("*/*/seed*/*/results.json")):
-        files.setdefault(path.parent.parent, []).append(path)
-    return dict(sorted(files.items()))
+    linked: list[Skipped] = []
+    for path, seed_folder in found:
+        used = first[path.resolve()]
+        if used != path:
+            linked.append(Skipped(path, LINKED, f"the same file as {used}; counted once there"))
+            continue
+        files.setdefault(seed_folder, []).append(path)
+    return dict(sorted(files.items())), linked
+
+
+def links_in(path: Path, root: Path) -> int:
+    """How many of ``path``'s folders below ``root`` are symbolic links."""
+    parents = [p for p in path.parents if p.is_relative_to(root) and p != root]
+    return sum(p.is_symlink() for p in parents)
 
 
 #: A seed folder's name: ``seed0``, ``seed1``, ... (no sign, no leading zero: ``seed01``
@@ -436,8 +455,9 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
     a seed folder with none is skipped, with its newest run's status and error. With
     ``unfinished``, such a seed keeps instead its newest ``running`` or ``stopped`` run
     that has rounds."""
-    results, skipped = [], []
-    for seed_folder, paths in results_files(root).items():
+    files, skipped = results_files(root)
+    results = []
+    for seed_folder, paths in files.items():
         if not SEED_FOLDER.fullmatch(seed_folder.name):
             why = "not a seed folder's name (seed0, seed1, ...): not counted as any seed"
             skipped.append(Skipped(seed_folder, INVALID, why))

@@ -237,6 +237,27 @@ def test_collect_keeps_degraded_runs_and_says_which_seeds_it_skipped(tmp_path: P
     assert note[1:] == ["- smoke/fedreg/seed0: failed: OOM", "- smoke/fedreg/seed2: running"]
 
 
+def test_an_experiment_or_cell_folder_linked_under_another_name_is_counted_once(
+    tmp_path: Path,
+) -> None:
+    """A symlink to an experiment folder (``a_view -> smoke``) or a cell folder made the
+    same records a second experiment or cell in the report, their seeds counted twice.
+    Each file is counted once, under its path with no link, and the linked path named."""
+    fake_run(tmp_path, "smoke", "fedreg", 0)
+    fake_run(tmp_path, "smoke", "fedreg", 1, globals_=(0.2, 0.3, 0.4))
+    (tmp_path / "a_view").symlink_to(tmp_path / "smoke")  # sorts before the real folder
+    (tmp_path / "smoke" / "fedavg").symlink_to(tmp_path / "smoke" / "fedreg")
+    collection = scan(tmp_path)
+    assert [(r.experiment, r.cell, r.seed) for r in collection.results] == [
+        ("smoke", "fedreg", 0), ("smoke", "fedreg", 1)
+    ]  # fmt: skip
+    note = collection.skipped_note(tmp_path)
+    assert "- a_view/fedreg/seed0/run-1/results.json: linked: the same file as " in note
+    assert f"{tmp_path / 'smoke/fedreg/seed0/run-1/results.json'}; counted once there" in note
+    assert "- smoke/fedavg/seed1/run-1/results.json: linked" in note
+    assert len(collection.skipped) == 6  # 2 seeds x (a_view/fedreg, a_view/fedavg, fedavg)
+
+
 def test_a_degraded_runs_personal_figure_is_marked_never_passed_off(tmp_path: Path) -> None:
     # seed 0: degraded with no complete round: P only over the clients that answered (‡).
     fake_run(tmp_path, "e", "fedreg", 0, status="degraded", personals=(None, None, None),
