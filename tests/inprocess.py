@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.common.serde import (
     context_from_proto,
@@ -30,6 +31,7 @@ from flwr.common.serde import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app, data, server_app
+from fedreg_app.persist import load_arrays
 from fedreg_app.protocol import CONFIG, SERVER_ROUND
 
 #: A fault: given the message and the honest reply (None if the client raised), the
@@ -187,3 +189,28 @@ def run_server(
 def results(results_dir: Path) -> dict[str, Any]:
     [path] = list(results_dir.glob("*/results.json"))
     return json.loads(path.read_text())
+
+
+def final_model(results_dir: Path) -> dict[str, np.ndarray]:
+    """The global model of the run's last checkpoint (whatever its file layout)."""
+    [folder] = [p for p in results_dir.glob("*/checkpoint")]
+    return {
+        k: v for path in sorted(folder.rglob("model.npz")) for k, v in load_arrays(path).items()
+    }
+
+
+def client_states(state_dir: Path) -> dict[str, np.ndarray]:
+    """Every partition's newest private state, keyed by partition and array name."""
+    arrays = {}
+    for partition in sorted(state_dir.glob("runs/*/partition-*")):
+        newest = max(partition.glob("round-*"))
+        for path in sorted(newest.glob("*.npz")):
+            for key, value in load_arrays(path).items():
+                arrays[f"{partition.name}/{newest.name}/{path.stem}/{key}"] = value
+    return arrays
+
+
+def assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert got.keys() == want.keys() and got
+    different = [k for k in got if not np.array_equal(got[k], want[k])]
+    assert not different, different[:5]

@@ -29,7 +29,7 @@ from fedreg_app.config import ConfigError
 from fedreg_app.metrics import client_error
 from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import RUN_FOLDER_LOCK, FolderInUseError, load_arrays
+from fedreg_app.persist import RUN_FOLDER_LOCK, FolderInUseError
 from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
@@ -54,7 +54,10 @@ from tests.holders import SERVERAPP, held_elsewhere
 from tests.inprocess import (
     Fault,
     ServerKilled,
+    assert_same_arrays,
+    client_states,
     error_reply,
+    final_model,
     flower_reason,
     results,
     run_server,
@@ -70,14 +73,6 @@ def base(grey_dataset: Path, tmp_path: Path) -> dict[str, Any]:
         "fraction-train": 0.5, "min-partition-size": 5, "num-server-rounds": 3, "seed": 5,
         "results-dir": str(tmp_path / "results"),
     }  # fmt: skip
-
-
-def final_model(results_dir: Path) -> dict[str, np.ndarray]:
-    """The global model of the run's last checkpoint (whatever its file layout)."""
-    [folder] = [p for p in results_dir.glob("*/checkpoint")]
-    return {
-        k: v for path in sorted(folder.rglob("model.npz")) for k, v in load_arrays(path).items()
-    }
 
 
 def raising(err: Exception):
@@ -563,37 +558,20 @@ def test_an_evaluation_reply_that_changes_its_test_size_or_counts_fractions_is_n
 
 
 # ------------------------------------------------------------------- resume
-def client_states(state_dir: Path) -> dict[str, np.ndarray]:
-    """Every partition's newest private state, keyed by partition and array name."""
-    arrays = {}
-    for partition in sorted(state_dir.glob("runs/*/partition-*")):
-        newest = max(partition.glob("round-*"))
-        for path in sorted(newest.glob("*.npz")):
-            for key, value in load_arrays(path).items():
-                arrays[f"{partition.name}/{newest.name}/{path.stem}/{key}"] = value
-    return arrays
-
-
-def assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    assert got.keys() == want.keys() and got
-    different = [k for k in got if not np.array_equal(got[k], want[k])]
-    assert not different, different[:5]
-
-
 def per_round(document: dict[str, Any]) -> list[tuple]:
     return [(r["round"], r["sampled_clients"], r["global_accuracy"], r["personal_accuracy"])
             for r in document["rounds"]]  # fmt: skip
 
 
-@pytest.mark.parametrize("algo", ["fedreg", "ditto", "feddyn"])
 def test_server_killed_after_a_client_saved_its_next_state_resumes_exactly(
-    algo: str, base: dict[str, Any], tmp_path: Path
+    base: dict[str, Any], tmp_path: Path
 ) -> None:
     """Kill the server in round 2's training after one client replied (its round-2 state
     is on disk, the server's checkpoint is round 1's), resume: every round's numbers
     equal the uninterrupted run's. Before versioned state the resumed client started
-    round 2 again from the killed attempt's state."""
-    config = {**base, "algo": algo, "num-server-rounds": 3}
+    round 2 again from the killed attempt's state. (Every algorithm is killed and resumed
+    so in ``test_algorithm_runs.py``; here also a write the kill left unfinished.)"""
+    config = {**base, "algo": "fedreg", "num-server-rounds": 3}
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
     run_server(whole)
     part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
