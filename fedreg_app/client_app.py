@@ -172,9 +172,10 @@ def persistent_state(
     # new Flower run id), so personalization carries over.
     state_key = state_key_of(msg, context)
     versions = VersionedState(state_folder(state_dir, state_key, setup.data.partition_id))
-    # Training in round t starts from the state before t; evaluation sees round t's.
+    # Training in round t starts from the state before t; evaluation sees round t's. The
+    # server's checkpoint is round t-1's until round t ends: a resume runs round t again.
     upto = server_round - 1 if msg.metadata.message_type == MessageType.TRAIN else server_round
-    restored = versions.restore(context.state, upto)
+    restored = versions.restore(context.state, upto, checkpointed=server_round - 1)
     resets.extend(restored.reset)
     if restored.records:  # a restarted node, or a resumed run: personalization comes back
         log(INFO, "partition %d: restored %s of round %d from %s", setup.data.partition_id,

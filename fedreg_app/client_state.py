@@ -13,8 +13,10 @@ the killed attempt left. So:
   folder that is renamed into place last: a version is complete or absent;
 * a train message of round t restores the newest complete version before t (evaluation in
   round t: at most t); newer versions are stale leftovers of a killed attempt and are
-  deleted, as are versions older than the one restored (the server's checkpoint never
-  goes back that far);
+  deleted, as are versions older than the newest one before t: while round t runs the
+  server's checkpoint is round t-1's, so a resume restarts at round t, and the version
+  before t is the oldest one it can ask for (evaluation in round t keeps it beside round
+  t's own: a kill before round t's checkpoint runs round t again);
 * each version's manifest says ``since``: the round its lineage began from no state. When
   every version is newer than the round asked, the client starts afresh; that is exact
   if the state began after that round (a client first sampled in the killed round), else
@@ -97,10 +99,15 @@ class VersionedState:
                     found[int(suffix)] = path
         return found
 
-    def restore(self, state: RecordDict, upto_round: int) -> Restored:
+    def restore(
+        self, state: RecordDict, upto_round: int, checkpointed: int | None = None
+    ) -> Restored:
         """Replace the ArrayRecords of ``state`` by the newest version of a round
-        <= ``upto_round``; delete versions after it (stale) and before it (superseded).
-        When none is usable and the state existed by ``upto_round``, ``reset`` says so."""
+        <= ``upto_round``; delete versions after it (stale) and those a resume can no
+        longer ask for: older than the newest version <= ``checkpointed`` (the round of
+        the server's last checkpoint, which a resume starts after; ``upto_round`` when not
+        given, as for a train message). When none is usable and the state existed by
+        ``upto_round``, ``reset`` says so."""
         for name in [n for n, r in state.items() if isinstance(r, ArrayRecord)]:
             del state[name]  # the disk is the truth: memory may hold a killed attempt's
         self._loaded = {}
@@ -111,8 +118,10 @@ class VersionedState:
         if versions and not usable:
             self._note_lost(versions, upto_round, result)
         self._since = lineage_start(versions[chosen]) if chosen else None
+        last_checkpoint = upto_round if checkpointed is None else checkpointed
+        resumable = max((r for r in usable if r <= last_checkpoint), default=0)
         for round_, path in versions.items():
-            if round_ != chosen:
+            if round_ not in (chosen, resumable):
                 shutil.rmtree(path, ignore_errors=True)
         self._remove_partial_folders()
         if chosen:

@@ -13,7 +13,7 @@ import pytest
 from flwr.app import MessageType
 
 from fedreg_app.registry import federated_algorithm_names
-from tests.algorithm_runs import CLIENTS, check_run, dataset_fixture, run_config
+from tests.algorithm_runs import CLIENTS, ROUNDS, check_run, dataset_fixture, run_config
 from tests.inprocess import (
     ServerKilled,
     assert_same_arrays,
@@ -36,12 +36,16 @@ def test_every_algorithm_runs_in_process_and_resumes_a_kill_to_the_same_run(
     request: pytest.FixtureRequest, tmp_path: Path, algo: str
 ) -> None:
     """The run (what :func:`check_run` asks of the algorithm), then the same run killed in
-    round 2 after one client's training reply (that client has already committed its
-    round-2 state; the checkpoint is round 1's) and resumed from its folder: every
-    round's record (all but clocks and hosts), the run's figures, the final global model
-    and every client's private state equal the uninterrupted run's, bit for bit, for
-    every algorithm, each with its own server and client state. (One test: the
-    uninterrupted run is the one checked, not run twice.)"""
+    its last round's evaluation after one reply (every client that trained in that round
+    has committed its state of the round, the checkpoint is the round before's, and the
+    algorithms' last-round steps, FedBABU's fine-tuning, are under way) and resumed from
+    its folder: every round's record (all but clocks and hosts), the run's figures, the
+    final global model and every client's private state equal the uninterrupted run's,
+    bit for bit, for every algorithm, each with its own server and client state. Before,
+    an evaluated client deleted its state of the round before as superseded, which the
+    resume then needed: it started afresh (`state_resets`) and every algorithm's final
+    model differed. (One test: the uninterrupted run is the one checked, not run twice;
+    a kill mid-training is `test_reliability.py`'s.)"""
     dataset = request.getfixturevalue(dataset_fixture(algo))
     whole, part = tmp_path / "whole", tmp_path / "part"
     config = run_config(algo, dataset, whole)
@@ -50,7 +54,7 @@ def test_every_algorithm_runs_in_process_and_resumes_a_kill_to_the_same_run(
     check_run(algo, results(whole), next(whole.glob("*/rounds.csv")).read_text())
     killed = {**config, "results-dir": str(part), "state-dir": str(tmp_path / "sp")}
     _, stopped = run_server(killed, num_partitions=CLIENTS, run_id=2,
-                            kill_after=(MessageType.TRAIN, 2, 1))  # fmt: skip
+                            kill_after=(MessageType.EVALUATE, ROUNDS, 1))  # fmt: skip
     assert isinstance(stopped, ServerKilled)
     assert results(part)["run"]["status"] == "running"  # as a SIGKILL leaves it
     [run_folder] = [p.parent for p in part.glob("*/results.json")]
@@ -59,7 +63,7 @@ def test_every_algorithm_runs_in_process_and_resumes_a_kill_to_the_same_run(
     assert stopped is None, stopped
     expected, resumed = results(whole), results(part)
     assert resumed["run"]["status"] == expected["run"]["status"] == "completed"
-    assert resumed["run"]["resumed"][0]["after_round"] == 1
+    assert resumed["run"]["resumed"][0]["after_round"] == ROUNDS - 1
     assert [without_clocks(r) for r in resumed["rounds"]] == [
         without_clocks(r) for r in expected["rounds"]
     ]

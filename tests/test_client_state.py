@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,30 @@ def test_restore_takes_the_newest_version_up_to_the_round_and_drops_the_rest(
     assert value_of(state, "head_p") == 2.0
     # round 3 was a killed attempt's (stale), round 1 is superseded: both are gone
     assert sorted(p.name for p in (tmp_path / "partition-0").iterdir()) == [version_name(2)]
+
+
+def test_evaluation_keeps_the_version_a_resume_of_its_round_needs(tmp_path: Path) -> None:
+    """Evaluation in round 3 sees round 3's state, but the server's checkpoint is round
+    2's until round 3 ends: a kill now runs round 3 again, whose training needs the
+    version before 3. Evaluation deleted it as superseded, so the resumed client started
+    afresh. It keeps it now; the next round's message drops it."""
+    folder = tmp_path / "partition-0"
+    for server_round in (1, 3):  # sampled in rounds 1 and 3
+        state = RecordDict()
+        VersionedState(folder).restore(state, server_round - 1)
+        state["head_p"] = record(server_round)
+        assert VersionedState(folder).commit(state, server_round)
+    evaluated = RecordDict()
+    assert VersionedState(folder).restore(evaluated, 3, checkpointed=2).round == 3
+    assert value_of(evaluated, "head_p") == 3.0
+    assert sorted(p.name for p in folder.iterdir()) == [version_name(1), version_name(3)]
+    uninterrupted = shutil.copytree(folder, tmp_path / "copy")
+    resumed = RecordDict()  # a kill now: round 3's training again, from round 1's state
+    restored = VersionedState(folder).restore(resumed, 2)
+    assert (restored.round, restored.reset) == (1, []) and value_of(resumed, "head_p") == 1.0
+    # no kill: the next round's training starts from round 3's state; round 1's goes
+    assert VersionedState(uninterrupted).restore(RecordDict(), 3).round == 3
+    assert sorted(p.name for p in uninterrupted.iterdir()) == [version_name(3)]
 
 
 def test_a_version_without_manifest_or_a_staging_folder_is_a_partial_write(
