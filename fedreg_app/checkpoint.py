@@ -298,7 +298,8 @@ def _clients_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | Non
     sizes_ok = sizes is None or (
         isinstance(sizes, list) and len(sizes) == number
         and all(isinstance(pair, list) and len(pair) == 2
-                and all(is_count(n) or n == 0 for n in pair) for pair in sizes)
+                and all(is_count(n) or (n == 0 and type(n) is int) for n in pair)
+                for pair in sizes)
     )  # fmt: skip
     if not is_count(number) or not sizes_ok:
         raise _fail(path, f"has no valid 'clients' record (got {clients!r:.80})")

@@ -504,8 +504,10 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         checkpoint.check_compatible(config, get_algorithm(config.algo).resume_fixed)
     except ConfigError as err:
         return Attempt(note=f"{folder} cannot be resumed with this config ({err}); starting anew")
-    made_with = (checkpoint.clients or {}).get("num_clients", spec.clients)
-    if made_with != spec.clients:  # as the ServerApp would refuse it
+    made_with = (checkpoint.clients or {}).get("num_clients") or document["run"].get(
+        "num_clients", spec.clients
+    )
+    if made_with != spec.clients:  # as the ServerApp refuses it (older checkpoints: results)
         return Attempt(note=(f"{folder} cannot be resumed with {spec.clients} clients: its "
                              f"checkpoint was made with {made_with}; starting anew"))  # fmt: skip
     if spec.keeps_state:

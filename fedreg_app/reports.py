@@ -261,7 +261,7 @@ class Collection:
             return ""
         counts = by_key(self.skipped, lambda s: s.status)
         why = ", ".join(f"{len(v)} {k}" for k, v in counts.items())
-        lines = [f"Skipped {len(self.skipped)} run(s) without a finished results.json ({why}):"]
+        lines = [f"Left out {len(self.skipped)} run(s) or file(s) ({why}):"]
         return "\n".join(lines + [s.line(root) for s in self.skipped])
 
 
@@ -277,7 +277,7 @@ def results_files(root: Path) -> tuple[dict[Path, list[Path]], list[Skipped]]:
     found = [(path, path.parent) for path in sorted(root.glob("*/*/seed*/results.json"))]
     found += [(path, path.parent.parent) for path in sorted(root.glob("*/*/seed*/*/results.json"))]
     first: dict[Path, Path] = {}
-    for path, _ in sorted(found, key=lambda item: (links_in(item[0], root), str(item[0]))):
+    for path, _ in sorted(found, key=lambda item: preference(*item, root)):
         first.setdefault(path.resolve(), path)
     files: dict[Path, list[Path]] = {}
     linked: list[Skipped] = []
@@ -288,6 +288,12 @@ def results_files(root: Path) -> tuple[dict[Path, list[Path]], list[Skipped]]:
             continue
         files.setdefault(seed_folder, []).append(path)
     return dict(sorted(files.items())), linked
+
+
+def preference(path: Path, seed_folder: Path, root: Path) -> tuple[bool, int, str]:
+    """Which of a file's paths counts: one in a validly named seed folder (a link
+    ``seed1 -> seed1-v2`` counts as seed 1), then the one with the fewest links."""
+    return (not SEED_FOLDER.fullmatch(seed_folder.name), links_in(path, root), str(path))
 
 
 def links_in(path: Path, root: Path) -> int:

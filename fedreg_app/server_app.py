@@ -11,6 +11,7 @@ how it went (``completed``, ``degraded``, ``failed``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -28,7 +29,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedreg_app.checkpoint import Checkpoint, clients_record, committed_round
-from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.config import ConfigError, RunConfig, is_count
 from fedreg_app.data import (
     PartitionKey,
     TensorData,
@@ -754,13 +755,16 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         if algorithm.client.keeps_state(config):
             check_state_key(checkpoint.state_key, resumed_folder)
     partitions, facts = discover_partitions(grid)
+    if checkpoint is not None:  # first of all: as many clients as the checkpoint's run
+        checkpoint.clients = checkpoint.clients or recorded_clients(resumed_folder)
+        checkpoint.check_clients(clients_record(partitions.num_partitions, {}))
     strategy.set_partitions(partitions)
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
     if not algorithm.reference:  # one partitioning of the clients' data
         strategy.split_sizes = split_sizes(key)
-    if checkpoint is not None:  # before any work: the same clients, on the same data
+    if checkpoint is not None:  # before any training: the same data
         checkpoint.check_clients(clients_record(partitions.num_partitions, strategy.split_sizes))
     if config.dp_mode == "central":  # after split_sizes: the declarations are checked
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
@@ -796,6 +800,17 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         writer.folder)  # fmt: skip
     strategy.summary()
     return RunSetup(config, strategy, model, test_set, writer, arrays, first_round)
+
+
+def recorded_clients(run_folder: Path | None) -> dict[str, Any] | None:
+    """The client count a run folder's results.json records, for a checkpoint of an
+    earlier version, which kept none (None when it cannot be read: ``ResultsWriter.resume``
+    then says why)."""
+    try:
+        number = json.loads((run_folder / "results.json").read_text())["run"]["num_clients"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return clients_record(number, {}) if is_count(number) else None
 
 
 def check_state_key(state_key: str, run_folder: Path) -> None:

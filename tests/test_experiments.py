@@ -634,7 +634,11 @@ variants = { fedreg = {}, a = { fedreg-head-weight = "original" }, fedavg = { al
 
 # ------------------------------------------------- resuming interrupted runs
 def interrupted_run(
-    spec: RunSpec, status: str, name: str = "20250101-000000_run1", at_round: int = 1
+    spec: RunSpec,
+    status: str,
+    name: str = "20250101-000000_run1",
+    at_round: int = 1,
+    record_clients: bool = True,
 ) -> Path:
     """A run folder as an interrupted run leaves it: results.json with one round, a
     checkpoint of ``at_round`` made with the spec's config, and (for FedReG) its clients'
@@ -649,7 +653,7 @@ def interrupted_run(
     Checkpoint(
         round=at_round, model={"w": np.ones(3, np.float32)}, strategy_arrays={},
         strategy_state={}, state_key=name, run_config=config.to_run_config(),
-        clients=clients_record(spec.clients, {}),
+        clients=clients_record(spec.clients, {}) if record_clients else None,
     ).save(folder)  # fmt: skip
     (spec.state_dir / "runs" / name / "partition-0").mkdir(parents=True)
     return folder
@@ -782,6 +786,12 @@ def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path
     attempt = decide(RunSpec(**{**killed.__dict__, "clients": killed.clients + 1}), DECLARED)
     assert attempt.resume is None
     assert f"checkpoint was made with {killed.clients}; starting anew" in attempt.note
+    # A checkpoint of an earlier version records no clients: its results.json's count.
+    shutil.rmtree(killed.folder)
+    interrupted_run(killed, "running", record_clients=False)
+    attempt = decide(RunSpec(**{**killed.__dict__, "clients": killed.clients + 1}), DECLARED)
+    assert attempt.resume is None and "made with 20; starting anew" in attempt.note
+    assert decide(killed, DECLARED).resume is not None
 
 
 @pytest.mark.parametrize(

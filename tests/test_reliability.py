@@ -563,15 +563,16 @@ def per_round(document: dict[str, Any]) -> list[tuple]:
             for r in document["rounds"]]  # fmt: skip
 
 
+@pytest.mark.parametrize("algo", ["fedreg", "ditto", "feddyn"])
 def test_server_killed_after_a_client_saved_its_next_state_resumes_exactly(
-    base: dict[str, Any], tmp_path: Path
+    algo: str, base: dict[str, Any], tmp_path: Path
 ) -> None:
     """Kill the server in round 2's training after one client replied (its round-2 state
     is on disk, the server's checkpoint is round 1's), resume: every round's numbers
     equal the uninterrupted run's. Before versioned state the resumed client started
-    round 2 again from the killed attempt's state. (Every algorithm is killed and resumed
-    so in ``test_algorithm_runs.py``; here also a write the kill left unfinished.)"""
-    config = {**base, "algo": "fedreg", "num-server-rounds": 3}
+    round 2 again from the killed attempt's state. (Every algorithm is killed in its last
+    round's evaluation and resumed in ``test_algorithm_runs.py``.)"""
+    config = {**base, "algo": algo, "num-server-rounds": 3}
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
     run_server(whole)
     part = {**config, "results-dir": str(tmp_path / "part"), "state-dir": str(tmp_path / "sp")}
@@ -688,6 +689,11 @@ def test_a_resume_on_other_clients_or_other_data_is_refused_before_any_work(
     assert isinstance(stopped, ConfigError)
     assert "the data are not the ones the run was trained on" in str(stopped)
     assert (folder / "results.json").read_bytes() == before
+    legacy, _ = Checkpoint.load(folder)  # as an earlier version saved it: no clients record
+    legacy.clients = None
+    legacy.save(folder)
+    _, stopped = run_server(resumed, num_partitions=5, run_id=5)
+    assert isinstance(stopped, ConfigError) and "made with 4" in str(stopped)  # results.json's
     moved = shutil.copytree(grey_dataset, tmp_path / "moved")  # a move keeps the data
     _, stopped = run_server({**config, "resume": str(folder), "dataset-path": str(moved)},
                             run_id=4)  # fmt: skip

@@ -233,7 +233,7 @@ def test_collect_keeps_degraded_runs_and_says_which_seeds_it_skipped(tmp_path: P
     assert [(r.seed, r.degraded) for r in collection.results] == [(1, True), (3, True)]
     assert collect(tmp_path) == collection.results
     note = collection.skipped_note(tmp_path).splitlines()
-    assert note[0] == "Skipped 2 run(s) without a finished results.json (1 failed, 1 running):"
+    assert note[0] == "Left out 2 run(s) or file(s) (1 failed, 1 running):"
     assert note[1:] == ["- smoke/fedreg/seed0: failed: OOM", "- smoke/fedreg/seed2: running"]
 
 
@@ -256,6 +256,22 @@ def test_an_experiment_or_cell_folder_linked_under_another_name_is_counted_once(
     assert f"{tmp_path / 'smoke/fedreg/seed0/run-1/results.json'}; counted once there" in note
     assert "- smoke/fedavg/seed1/run-1/results.json: linked" in note
     assert len(collection.skipped) == 6  # 2 seeds x (a_view/fedreg, a_view/fedavg, fedavg)
+    assert note.startswith("Left out 6 run(s) or file(s) (6 linked):")
+
+
+def test_a_seed_folder_linked_to_a_folder_of_another_name_counts_as_its_seed(
+    tmp_path: Path,
+) -> None:
+    """``seed1 -> seed1-v2``: the file counts once, as seed 1 (the real path's folder name
+    is no seed's); preferring the path with fewer links dropped seed 1 altogether."""
+    fake_run(tmp_path, "smoke", "fedreg", 0)
+    fake_run(tmp_path, "smoke", "fedreg", 1)
+    cell = tmp_path / "smoke" / "fedreg"
+    (cell / "seed1").rename(cell / "seed1-v2")
+    (cell / "seed1").symlink_to(cell / "seed1-v2")
+    collection = scan(tmp_path)
+    assert [r.seed for r in collection.results] == [0, 1]
+    assert "- smoke/fedreg/seed1-v2/run-1/results.json: linked" in collection.skipped_note(tmp_path)
 
 
 def test_a_degraded_runs_personal_figure_is_marked_never_passed_off(tmp_path: Path) -> None:
@@ -353,7 +369,7 @@ def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
     fake_run(tmp_path / "runs", "smoke", "fedreg", 0, status="degraded")
     fake_run(tmp_path / "runs", "smoke", "fedreg", 1, status="failed", error="boom")
     table = write_report(tmp_path / "runs", tmp_path / "report")[0].read_text()
-    assert "Skipped 1 run(s) without a finished results.json (1 failed):" in table
+    assert "Left out 1 run(s) or file(s) (1 failed):" in table
     assert "- smoke/fedreg/seed1: failed: boom" in table
 
 
@@ -485,7 +501,7 @@ def test_a_cells_mean_is_over_runs_of_one_setting_and_the_others_are_named(
     kept = sorted((r.cell, r.seed) for r in collection.results)
     assert kept == [("fedavg", 1), ("fedavg", 2), ("fedreg", 0), ("fedreg", 1)]
     note = collection.skipped_note(tmp_path)
-    assert "Skipped 2 run(s) without a finished results.json (2 other setting):" in note
+    assert "Left out 2 run(s) or file(s) (2 other setting):" in note
     assert ("- e/fedreg/seed2/run-1: other setting: config differs from seed0's: "
             "local-epochs=5, not 1") in note  # fmt: skip
     assert ("- e/fedavg/seed0/run-1: other setting: config differs from seed1's: "
@@ -606,7 +622,7 @@ def test_unfinished_runs_are_skipped_unless_asked_then_marked_with_rounds_done(
     capsys.readouterr()
     assert (
         "fedreg"
-        not in write_report(tmp_path, tmp_path / "plain")[0].read_text().split("Skipped")[0]
+        not in write_report(tmp_path, tmp_path / "plain")[0].read_text().split("Left out")[0]
     )
 
 
