@@ -273,7 +273,7 @@ def results_files(root: Path) -> tuple[dict[Path, list[Path]], list[Skipped]]:
     ``seed<k>/<run>/results.json`` (run folders sort by time) and the committed
     ``seed<k>/results.json`` (one run, no run folder). A file reached a second time
     through a link (an experiment or cell folder linked under another name) is counted
-    once, under its path with the fewest links, and the other path is named."""
+    once, under the path :func:`preference` picks, and the other path is named."""
     found = [(path, path.parent) for path in sorted(root.glob("*/*/seed*/results.json"))]
     found += [(path, path.parent.parent) for path in sorted(root.glob("*/*/seed*/*/results.json"))]
     first: dict[Path, Path] = {}

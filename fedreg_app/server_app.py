@@ -802,7 +802,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     return RunSetup(config, strategy, model, test_set, writer, arrays, first_round)
 
 
-def recorded_clients(run_folder: Path | None) -> dict[str, Any] | None:
+def recorded_clients(run_folder: Path) -> dict[str, Any] | None:
     """The client count a run folder's results.json records, for a checkpoint of an
     earlier version, which kept none (None when it cannot be read: ``ResultsWriter.resume``
     then says why)."""
