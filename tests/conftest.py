@@ -78,6 +78,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also run the two-node Ray cluster test (starts Ray nodes; ~1 min)",
     )
     parser.addoption(
+        "--resume-matrix",
+        action="store_true",
+        help="also kill every algorithm at more moments, with and without DP (~10 min)",
+    )
+    parser.addoption(
         "--all-simulations",
         action="store_true",
         help="also run every algorithm's Ray simulation, not only those CI runs (14 runs)",
@@ -88,6 +93,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 OPT_IN = (
     ("deployment", "--deployment", "loopback deployment test: run with --deployment"),
     ("ray_cluster", "--ray-cluster", "starts a Ray cluster of its own: run with --ray-cluster"),
+    ("resume_matrix", "--resume-matrix", "more kill moments, with DP: run with --resume-matrix"),
     (
         "simulation_all",
         "--all-simulations",
