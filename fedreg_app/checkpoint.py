@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from fedreg_app.config import PLACE_KEYS, ConfigError, RunConfig, is_count
+from fedreg_app.config import PLACE_KEYS, ConfigError, RunConfig, is_count, is_whole
 from fedreg_app.persist import (
     READ_ERRORS,
     file_sha256,
@@ -154,21 +154,26 @@ class Checkpoint:
                 f"has already finished round {self.round}; expected at least that many"
             )
 
-    def check_clients(self, now: Mapping[str, Any]) -> None:
+    def check_clients(
+        self, num_clients: int, sizes: Mapping[int, tuple[int, int]] | None = None
+    ) -> None:
         """The resumed run must have the same clients with the same data: another number of
         partitions (another ``num-supernodes``, or nodes started with another
         ``num-partitions``) or another partitioning (a dataset changed at its path) would
-        continue the checkpoint's model and client state on other data."""
+        continue the checkpoint's model and client state on other data. ``sizes``: every
+        partition's (train, test) split sizes, where known (the count alone is checked
+        first, right after the clients are discovered)."""
         then = self.clients
         if then is None:  # a checkpoint of an earlier version: nothing to compare
             return
-        if now["num_clients"] != then["num_clients"]:
+        if num_clients != then["num_clients"]:
             raise ConfigError(
-                f"resume: {now['num_clients']} clients (partitions) is not allowed: the "
+                f"resume: {num_clients} clients (partitions) is not allowed: the "
                 f"checkpoint was made with {then['num_clients']}; start the federation with "
                 f"{then['num_clients']} (num-supernodes, or the nodes' num-partitions)"
             )
-        sizes_then, sizes_now = then.get("split_sizes"), now.get("split_sizes")
+        sizes_then = then.get("split_sizes")
+        sizes_now = clients_record(num_clients, sizes or {})["split_sizes"]
         if sizes_then is None or sizes_now is None or sizes_then == sizes_now:
             return
         pairs = enumerate(zip(sizes_then, sizes_now, strict=True))
@@ -298,8 +303,7 @@ def _clients_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | Non
     sizes_ok = sizes is None or (
         isinstance(sizes, list) and len(sizes) == number
         and all(isinstance(pair, list) and len(pair) == 2
-                and all(is_count(n) or (n == 0 and type(n) is int) for n in pair)
-                for pair in sizes)
+                and all(is_whole(n) for n in pair) for pair in sizes)
     )  # fmt: skip
     if not is_count(number) or not sizes_ok:
         raise _fail(path, f"has no valid 'clients' record (got {clients!r:.80})")

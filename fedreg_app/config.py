@@ -365,6 +365,11 @@ def is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def is_whole(value: Any) -> bool:
+    """An integer >= 0 (not a bool): counts that may be none."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def setting_differences(
     ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Iterable[str] = ()
 ) -> list[str]:

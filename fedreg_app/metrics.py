@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from fedreg_app.config import is_whole
 from fedreg_app.persist import json_text, write_text_atomic
 from fedreg_app.tensorboard_log import TensorBoardLog
 
@@ -180,11 +181,6 @@ TOTAL_OF = {
     "total_train_bytes_from_clients": "train_bytes_from_clients",
     "total_trained_parameters": "trained_parameters",
 }
-
-
-def is_whole(value: Any) -> bool:
-    """An integer >= 0 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def round_problem(record: Any, number: int, clients: int | None = None) -> str | None:

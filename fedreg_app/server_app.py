@@ -757,7 +757,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     partitions, facts = discover_partitions(grid)
     if checkpoint is not None:  # first of all: as many clients as the checkpoint's run
         checkpoint.clients = checkpoint.clients or recorded_clients(resumed_folder)
-        checkpoint.check_clients(clients_record(partitions.num_partitions, {}))
+        checkpoint.check_clients(partitions.num_partitions)
     strategy.set_partitions(partitions)
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
     key = PartitionKey.from_config(config, partitions.num_partitions)
@@ -765,7 +765,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     if not algorithm.reference:  # one partitioning of the clients' data
         strategy.split_sizes = split_sizes(key)
     if checkpoint is not None:  # before any training: the same data
-        checkpoint.check_clients(clients_record(partitions.num_partitions, strategy.split_sizes))
+        checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
     if config.dp_mode == "central":  # after split_sizes: the declarations are checked
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None

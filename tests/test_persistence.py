@@ -167,12 +167,13 @@ def test_a_checkpoint_names_the_partition_whose_data_changed(tmp_path: Path) -> 
     made = clients_record(3, {0: (30, 10), 1: (45, 15), 2: (9, 3)})
     Checkpoint(3, {}, {}, {}, "k", config, made).save(tmp_path)
     loaded, _ = Checkpoint.load(tmp_path)
-    loaded.check_clients(clients_record(3, {0: (30, 10), 1: (45, 15), 2: (9, 3)}))
-    loaded.check_clients(clients_record(3, {}))  # a reference algorithm knows no splits
+    loaded.check_clients(3, {0: (30, 10), 1: (45, 15), 2: (9, 3)})
+    loaded.check_clients(3, {})  # a reference algorithm knows no splits
+    loaded.check_clients(3)  # the count alone, right after discovery
     with pytest.raises(ConfigError, match=r"partition 1 now has .* \(44, 15\), .* \(45, 15\)"):
-        loaded.check_clients(clients_record(3, {0: (30, 10), 1: (44, 15), 2: (9, 3)}))
+        loaded.check_clients(3, {0: (30, 10), 1: (44, 15), 2: (9, 3)})
     with pytest.raises(ConfigError, match="2 clients .* made with 3"):
-        loaded.check_clients(clients_record(2, {0: (30, 10), 1: (45, 15)}))
+        loaded.check_clients(2, {0: (30, 10), 1: (45, 15)})
 
 
 def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -> None:
