@@ -54,6 +54,8 @@ MODEL, STRATEGY = "model.npz", "strategy.npz"
 FORMAT = 2
 #: Round folders: ``round-000005``, or ``round-000005-2`` when that name is taken.
 ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
+#: A content digest as :func:`~fedreg_app.data.content_digest` writes it.
+SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
 RESUMABLE_CHANGES = PLACE_KEYS | {"num-server-rounds", "eval-every"}
 #: What the user can do about a checkpoint that cannot be trusted.
@@ -155,14 +157,18 @@ class Checkpoint:
             )
 
     def check_clients(
-        self, num_clients: int, sizes: Mapping[int, tuple[int, int]] | None = None
+        self,
+        num_clients: int,
+        sizes: Mapping[int, tuple[int, int]] | None = None,
+        digests: Mapping[int, str] | None = None,
     ) -> None:
         """The resumed run must have the same clients with the same data: another number of
         partitions (another ``num-supernodes``, or nodes started with another
-        ``num-partitions``) or another partitioning (a dataset changed at its path) would
-        continue the checkpoint's model and client state on other data. ``sizes``: every
-        partition's (train, test) split sizes, where known (the count alone is checked
-        first, right after the clients are discovered)."""
+        ``num-partitions``), another partitioning or other samples (a dataset changed at
+        its path) would continue the checkpoint's model and client state on other data.
+        ``sizes``: every partition's (train, test) split sizes, ``digests`` their content
+        digests, where known (the count alone is checked first, right after the clients
+        are discovered)."""
         then = self.clients
         if then is None:  # a checkpoint of an earlier version: nothing to compare
             return
@@ -172,27 +178,49 @@ class Checkpoint:
                 f"checkpoint was made with {then['num_clients']}; start the federation with "
                 f"{then['num_clients']} (num-supernodes, or the nodes' num-partitions)"
             )
-        sizes_then = then.get("split_sizes")
-        sizes_now = clients_record(num_clients, sizes or {})["split_sizes"]
-        if sizes_then is None or sizes_now is None or sizes_then == sizes_now:
-            return
-        pairs = enumerate(zip(sizes_then, sizes_now, strict=True))
-        changed = next(p for p, (a, b) in pairs if a != b)
-        raise ConfigError(
-            f"resume: partition {changed} now has (train, test) sizes "
-            f"{tuple(sizes_now[changed])}, the checkpoint's run had "
-            f"{tuple(sizes_then[changed])}: the data are not the ones the run was trained on "
-            "(the dataset at dataset-path was replaced, or the partitioning changed); "
-            "resume with the original data, or start anew"
-        )
+        now = clients_record(num_clients, sizes or {}, digests or {})
+        changed = _first_change(then.get("split_sizes"), now["split_sizes"])
+        if changed is not None:
+            raise ConfigError(
+                f"resume: partition {changed} now has (train, test) sizes "
+                f"{tuple(now['split_sizes'][changed])}, the checkpoint's run had "
+                f"{tuple(then['split_sizes'][changed])}: {OTHER_DATA}"
+            )
+        changed = _first_change(then.get("split_digests"), now["split_digests"])
+        if changed is not None:
+            raise ConfigError(
+                f"resume: partition {changed} now holds other samples than the checkpoint's "
+                f"run (same sizes, content digest {now['split_digests'][changed][:12]} "
+                f"instead of {then['split_digests'][changed][:12]}): {OTHER_DATA}"
+            )
 
 
-def clients_record(num_clients: int, sizes: Mapping[int, tuple[int, int]]) -> dict[str, Any]:
+#: Why a resume on changed data is refused, and what to do.
+OTHER_DATA = (
+    "the data are not the ones the run was trained on (the dataset at dataset-path was "
+    "replaced or re-encoded, or the partitioning changed); resume with the original data, "
+    "or start anew"
+)
+
+
+def _first_change(then: list | None, now: list | None) -> int | None:
+    """The first partition whose recorded entry differs (None: equal, or either unknown)."""
+    if then is None or now is None:
+        return None
+    return next((p for p, (a, b) in enumerate(zip(then, now, strict=True)) if a != b), None)
+
+
+def clients_record(
+    num_clients: int,
+    sizes: Mapping[int, tuple[int, int]],
+    digests: Mapping[int, str] | None = None,
+) -> dict[str, Any]:
     """What a checkpoint keeps of its federation: the number of partitions, and each
-    partition's (train, test) split sizes where the ServerApp knows them (not for the
-    reference algorithms, which keep no partitioning)."""
+    partition's (train, test) split sizes and content digest where the ServerApp knows
+    them (not for the reference algorithms, which keep no partitioning)."""
     split_sizes = [list(sizes[p]) for p in range(num_clients)] if sizes else None
-    return {"num_clients": num_clients, "split_sizes": split_sizes}
+    split_digests = [digests[p] for p in range(num_clients)] if digests else None
+    return {"num_clients": num_clients, "split_sizes": split_sizes, "split_digests": split_digests}
 
 
 def state_path(run_folder: Path) -> Path:
@@ -305,7 +333,12 @@ def _clients_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | Non
         and all(isinstance(pair, list) and len(pair) == 2
                 and all(is_whole(n) for n in pair) for pair in sizes)
     )  # fmt: skip
-    if not is_count(number) or not sizes_ok:
+    digests = clients.get("split_digests") if isinstance(clients, dict) else None
+    digests_ok = digests is None or (
+        isinstance(digests, list) and len(digests) == number
+        and all(isinstance(d, str) and SHA256.fullmatch(d) for d in digests)
+    )  # fmt: skip
+    if not is_count(number) or not sizes_ok or not digests_ok:
         raise _fail(path, f"has no valid 'clients' record (got {clients!r:.80})")
     return clients
 

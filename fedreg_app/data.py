@@ -16,10 +16,12 @@ client id (``partition = "natural"``).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import os
 import shutil
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from logging import INFO
@@ -412,12 +414,59 @@ def load_info(key: PartitionKey) -> DatasetInfo:
     return info
 
 
+def _every_split(key: PartitionKey) -> Iterator[DatasetDict]:
+    """Each partition's train/test split in partition order, not decoded and not cached
+    (the ServerApp keeps no split)."""
+    return (client_splits.__wrapped__(key, pid) for pid in range(key.num_partitions))
+
+
 def split_sizes(key: PartitionKey) -> dict[int, tuple[int, int]]:
     """Every partition's (train, test) split sizes, as :func:`client_splits` cuts them:
-    from the seeded partitioning that every node repeats, no image decoded (uncached:
-    the ServerApp keeps no split). The server checks replies with them."""
-    splits = (client_splits.__wrapped__(key, pid) for pid in range(key.num_partitions))
-    return {pid: (len(s["train"]), len(s["test"])) for pid, s in enumerate(splits)}
+    from the seeded partitioning that every node repeats, no image decoded. The server
+    checks replies with them."""
+    return {pid: (len(s["train"]), len(s["test"])) for pid, s in enumerate(_every_split(key))}
+
+
+def split_digests(key: PartitionKey) -> dict[int, str]:
+    """Every partition's content digest (:func:`content_digest` of its train then its test
+    split): what a checkpoint needs to tell that the data at ``dataset-path`` were replaced
+    by others of the same sizes (another encoding of the same images, a corrected copy),
+    on which a resume would continue the run's model. About 1.5 s for 70,000 images."""
+    return {
+        pid: content_digest(split["train"], split["test"])
+        for pid, split in enumerate(_every_split(key))
+    }
+
+
+def data_digest(digests: dict[int, str]) -> str:
+    """One digest of a whole partitioning (every partition's :func:`split_digests` entry,
+    in partition order): ``results.json`` records it, so that two runs, or a run and its
+    replay, can be told to have read the same samples, split the same way."""
+    return hashlib.sha256("".join(digests[p] for p in sorted(digests)).encode()).hexdigest()
+
+
+def content_digest(*parts: Dataset) -> str:
+    """sha256 over the samples of ``parts`` in order: each sample's stored input (the
+    encoded image file's bytes, or its path where a dataset stores none; the text) and its
+    label. Read as Arrow, nothing decoded; independent of how the files group their rows,
+    so a dataset copied or rewritten with the same samples keeps its digest."""
+    sha = hashlib.sha256()
+    for part in parts:
+        table = part.with_format("arrow")[:]
+        inputs = IMAGE if IMAGE in table.column_names else TEXT
+        for value in table.column(inputs).to_pylist():
+            if isinstance(value, dict):  # an image: {"bytes": ..., "path": ...}
+                value = value.get("bytes") or (value.get("path") or "").encode()
+            _update_sized(sha, value if isinstance(value, bytes) else str(value).encode())
+        for label in table.column("label").to_pylist():
+            _update_sized(sha, str(label).encode())
+    return sha.hexdigest()
+
+
+def _update_sized(sha: hashlib._Hash, data: bytes) -> None:
+    """Each field with its length first: no two sequences of fields hash alike."""
+    sha.update(len(data).to_bytes(8, "little"))
+    sha.update(data)
 
 
 @cache

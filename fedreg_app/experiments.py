@@ -45,6 +45,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -157,6 +158,10 @@ def experiment_table_problem(meta: Any) -> str | None:
             "as a folder (letters, digits, ._-)"
         )
     return None
+
+
+#: ``flwr run``'s output for the run in progress, in the seed's folder.
+FLWR_LOG = "flwr.log"
 
 
 @dataclass(frozen=True)
@@ -283,7 +288,7 @@ class RunSpec:
             return self.problem
         documents = self._documents()
         if not documents:
-            return f"no results.json in {self.folder}; see {self.folder / 'flwr.log'}"
+            return f"no results.json in {self.folder}; see {self.folder / FLWR_LOG}"
         path, document = documents[-1]
         run = document.get("run", {})
         status = run.get("status") or "no status"
@@ -294,7 +299,7 @@ class RunSpec:
                 then = f"its checkpoint is of round {after}, so the same command resumes it there"
             status = (
                 "still 'running' when flwr run ended: the ServerApp ended without writing "
-                f"its status (see {self.folder / 'flwr.log'}); {then}"
+                f"its status (see {self.folder / FLWR_LOG}); {then}"
             )
         error = "\n" + textwrap.indent(f"error: {run['error']}", "    ") if run.get("error") else ""
         return f"{path.parent} ({status}){error}"
@@ -884,6 +889,17 @@ def run_all(
     return [s for s in specs if s.result is None]
 
 
+def submitted_run_id(log_path: Path) -> int | None:
+    """The run id ``flwr run`` printed on submitting the run (None before it did)."""
+    try:
+        with log_path.open(errors="replace") as log:
+            head = log.read(1 << 16)
+    except OSError:
+        return None
+    found = re.search(r"Successfully started run (\d+)", head)
+    return int(found[1]) if found else None
+
+
 class Session:
     """The runs of one invocation: starts or resumes each, reports progress, and stops
     at a round boundary when the time is up."""
@@ -901,9 +917,15 @@ class Session:
         self.before: set[Path] = set()  # the seed's run folders before the run started
 
     def find_run_folder(self) -> None:
-        """A new run's folder, once the ServerApp has made it."""
+        """A new run's folder, once the ServerApp has made it: the one named by the run id
+        ``flwr run`` printed, where it printed one, so that a folder another run makes in
+        the seed's folder meanwhile (a run an earlier SuperLink left pending, before
+        :func:`~fedreg_app.launcher.forget_earlier_runs`) is never taken for this run's."""
         if self.current is None and self.spec is not None:
             new = [f for f in self.spec.run_folders() if f not in self.before]
+            run_id = submitted_run_id(self.spec.folder / FLWR_LOG)
+            if run_id is not None:
+                new = [f for f in new if f.name.endswith(f"_run{run_id}")]
             self.current = new[-1] if new else None
 
     def run(self, superlink: LocalSuperLink, index: int, spec: RunSpec) -> None:
@@ -930,7 +952,7 @@ class Session:
         self.spec, self.current = spec, attempt.resume
         self.progress.start(spec, attempt.after_round)
         config_file = write_run_config(run_config, spec.folder)
-        log_path = spec.folder / "flwr.log"
+        log_path = spec.folder / FLWR_LOG
         last, boundary = -1, None
         polling = superlink.run_polling(str(config_file), spec.clients, log_path,
                                         self.poll_seconds)  # fmt: skip

@@ -240,6 +240,27 @@ def resources_of(args: argparse.Namespace, parser: argparse.ArgumentParser) -> C
     return resources
 
 
+#: The SuperLink's database in its ``FLWR_HOME`` (SQLite, with its -wal/-shm/-journal).
+DATABASE = "state.db"
+SQLITE_SIDES = ("-wal", "-shm", "-journal")
+
+
+def forget_earlier_runs(database: Path) -> list[Path]:
+    """Delete an earlier SuperLink's database. A run still pending there when that
+    SuperLink was stopped (``fedreg-experiment`` stopped by SIGTERM just after it
+    submitted a run) is started by the next SuperLink on the same database: a second copy
+    of the run the runner goes on to resume, each at half speed, the copy writing a run
+    folder of its own. Our runs are resumed by the app from their checkpoints, never by
+    the SuperLink, so nothing in its database is needed once it has stopped. Returns the
+    files deleted."""
+    removed = []
+    for path in (database, *(database.with_name(database.name + s) for s in SQLITE_SIDES)):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 class LocalSuperLink:
     """A simulation SuperLink on loopback for the duration of a ``with`` block; ``resources``
     are each client actor's unless a call names its own CPUs."""
@@ -272,16 +293,10 @@ class LocalSuperLink:
     def __enter__(self) -> LocalSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
         self.app = stage_app(self.source, self.home / "app")
-        command = [
-            str(BIN / "flower-superlink"), "--insecure", "--simulation",
-            "--isolation", "subprocess", "--disable-runtime-dependency-installation",
-            "--control-api-address", f"127.0.0.1:{self.control_port}",
-            "--host", "127.0.0.1", "--port", str(self.http_port),
-            "--database", str(self.home / "state.db"),
-        ]  # fmt: skip
+        forget_earlier_runs(self.home / DATABASE)
         self._log = (self.home / "superlink.log").open("w")
         self.process = subprocess.Popen(
-            command,
+            self.superlink_command(),
             env=self.env,
             cwd=self.home,
             stdout=self._log,
@@ -294,6 +309,17 @@ class LocalSuperLink:
             self.stop()
             raise
         return self
+
+    def superlink_command(self, isolation: str = "subprocess") -> list[str]:
+        """``flower-superlink`` on our ports and database; with ``subprocess`` isolation
+        it starts the SuperExec that launches each submitted run."""
+        return [
+            str(BIN / "flower-superlink"), "--insecure", "--simulation",
+            "--isolation", isolation, "--disable-runtime-dependency-installation",
+            "--control-api-address", f"127.0.0.1:{self.control_port}",
+            "--host", "127.0.0.1", "--port", str(self.http_port),
+            "--database", str(self.home / DATABASE),
+        ]  # fmt: skip
 
     def __exit__(
         self,

@@ -334,6 +334,20 @@ def environment_notes(recording: Recording, current: dict[str, Any]) -> list[str
     return notes
 
 
+def data_notes(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
+    """Two runs of one config that read other samples (their ``data_digest`` differs: a
+    dataset replaced or re-encoded at its path) differ because of the data, whatever the
+    code does; runs recorded before the digest existed are not compared."""
+    digests = first.get("data_digest"), second.get("data_digest")
+    if None in digests or digests[0] == digests[1]:
+        return []
+    return [
+        f"the two runs read other data (data_digest {digests[0][:12]} vs {digests[1][:12]}: "
+        "other samples, or the same ones partitioned otherwise, as by another flwr-datasets "
+        "version); their differences come from the data, not from the code"
+    ]
+
+
 def attempt_environments(recording: Recording) -> list[dict[str, Any]]:
     """The environments a record's attempts ran in: the first's, then each resume's."""
     resumes = [r for r in recording.run.get("resumed") or [] if isinstance(r, dict)]
@@ -568,6 +582,7 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
         check_rounds(first, rounds)
         check_rounds(second, rounds)
         notes += client_environment_differences(first, second, rounds)
+        notes += data_notes(first.run, second.run)
     except (ConfigError, OSError) as err:
         parser.error(str(err))
     for note in notes:
@@ -586,6 +601,8 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
 def report(recording: Recording, replayed: list[dict[str, Any]], run: dict[str, Any],
            rounds: int, folder: Path, keep: bool) -> int:  # fmt: skip
     """Print the comparison and the summary line; 0 when identical, else 1."""
+    for note in data_notes(recording.run, run):
+        print(f"replay: note: {note}", flush=True)
     differences = compare_rounds(recording.rounds, replayed, rounds)
     print(round_table(recording.rounds, replayed, rounds))
     ended = _ended_early(run, len([r for r in replayed if r.get("round", 0) <= rounds]),

@@ -33,9 +33,11 @@ from fedreg_app.config import ConfigError, RunConfig, is_count
 from fedreg_app.data import (
     PartitionKey,
     TensorData,
+    data_digest,
     federated_dataset,
     load_info,
     load_union_test_set,
+    split_digests,
     split_sizes,
 )
 from fedreg_app.environment import describe_environment
@@ -222,11 +224,11 @@ def global_accuracy(
 
 def run_folder(results_dir: str, parts: Iterable[Any], run_id: int) -> Path:
     """``<results-dir>/<stamp>_<parts>_run<id>``; the name is also the clients' state key,
-    so it keeps to letters, digits and ``._-``."""
+    so it keeps to letters, digits and ``._-``. Long parts are cut, never the run id that
+    ends the name (the runner finds its run's folder by it)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = "_".join([stamp, *(str(p) for p in parts), f"run{run_id}"])
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name)[:180]
-    return Path(results_dir or "results").expanduser().resolve() / name
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join([stamp, *(str(p) for p in parts)]))
+    return Path(results_dir or "results").expanduser().resolve() / f"{name[:160]}_run{run_id}"
 
 
 def config_folder(config: RunConfig, run_id: int) -> Path:
@@ -504,6 +506,7 @@ def run_rounds(
     writer: ResultsWriter,
     arrays: ArrayRecord,
     first_round: int = 1,
+    clients: dict[str, Any] | None = None,
 ) -> ArrayRecord:
     if first_round > 1 and strategy.finished(first_round - 1):  # resumed after its end
         log(INFO, "%s had ended the run after round %d", config.algo, first_round - 1)
@@ -522,7 +525,7 @@ def run_rounds(
             writer.run[ENDED_AFTER_ROUND] = server_round
         writer.run.update(strategy.report())
         writer.add(record)
-        save_checkpoint(writer.folder, server_round, arrays, strategy, config)
+        save_checkpoint(writer.folder, server_round, arrays, strategy, config, clients)
         log(INFO, "%s", round_line(record, config.num_server_rounds))
         if ended:
             log(INFO, "%s ends the run after round %d", config.algo, server_round)
@@ -536,7 +539,10 @@ def save_checkpoint(
     arrays: ArrayRecord,
     strategy: PersonalizedStrategy,
     config: RunConfig,
+    clients: dict[str, Any] | None = None,
 ) -> None:
+    """``clients``: the federation's :func:`clients_record` (by default its count and split
+    sizes as the strategy knows them)."""
     strategy_arrays, strategy_state = strategy.state_dict()
     Checkpoint(
         round=server_round,
@@ -545,7 +551,7 @@ def save_checkpoint(
         strategy_state=strategy_state,
         state_key=strategy.state_key,
         run_config=config.to_run_config(),
-        clients=clients_record(strategy.num_partitions, strategy.split_sizes),
+        clients=clients or clients_record(strategy.num_partitions, strategy.split_sizes),
     ).save(folder)
 
 
@@ -712,6 +718,7 @@ class RunSetup:
     writer: ResultsWriter
     arrays: ArrayRecord
     first_round: int
+    clients: dict[str, Any]  # what each checkpoint records of the federation
 
 
 def check_federation(
@@ -762,10 +769,11 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
+    digests = {}
     if not algorithm.reference:  # one partitioning of the clients' data
-        strategy.split_sizes = split_sizes(key)
+        strategy.split_sizes, digests = split_sizes(key), split_digests(key)
     if checkpoint is not None:  # before any training: the same data
-        checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
+        checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes, digests)
     if config.dp_mode == "central":  # after split_sizes: the declarations are checked
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None
@@ -780,6 +788,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         "image_shape": [info.channels, info.height, info.width],
         "global_evaluation": strategy.global_evaluation,
         "environment": describe_environment(),  # the simulation's clients share it
+        **({"data_digest": data_digest(digests)} if digests else {}),
     }
     if checkpoint is None:
         writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),
@@ -799,7 +808,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     log(INFO, "%s on %d clients; results in %s", config.algo, partitions.num_partitions,
         writer.folder)  # fmt: skip
     strategy.summary()
-    return RunSetup(config, strategy, model, test_set, writer, arrays, first_round)
+    clients = clients_record(partitions.num_partitions, strategy.split_sizes, digests)
+    return RunSetup(config, strategy, model, test_set, writer, arrays, first_round, clients)
 
 
 def recorded_clients(run_folder: Path) -> dict[str, Any] | None:
@@ -841,7 +851,7 @@ def run(grid: Grid, context: Context) -> None:
         setup = start_run(grid, context)
         writer = setup.writer
         run_rounds(grid, setup.config, setup.strategy, setup.model, setup.test_set, writer,
-                   setup.arrays, setup.first_round)  # fmt: skip
+                   setup.arrays, setup.first_round, setup.clients)  # fmt: skip
     except BaseException as error:
         message = describe_error(error)
         if writer is None:

@@ -23,9 +23,11 @@ from fedreg_app.data import (
     load_info,
     load_union_test_set,
     node_data,
+    split_digests,
+    split_sizes,
 )
 from fedreg_app.registry import load_config
-from tests.fake_data import write_image_dataset
+from tests.fake_data import copy_dataset, write_image_dataset
 from tests.inprocess import results, run_server
 
 
@@ -69,6 +71,23 @@ def test_same_seed_same_partition_other_seed_differs(grey_dataset: Path) -> None
     other = load_client_data(key_for(grey_dataset, seed=2), 2)
     assert torch.equal(first.train.x, again.train.x) and torch.equal(first.test.y, again.test.y)
     assert len(other.train) != len(first.train) or not torch.equal(other.train.y, first.train.y)
+
+
+def test_content_digests_follow_the_samples_not_the_files(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """A copy of the same samples (another folder, other row groups) keeps every
+    partition's digest; one image with one pixel changed, at the same sizes and labels,
+    changes exactly the digest of the partition that holds it."""
+    digests = split_digests(key_for(grey_dataset))
+    assert len(digests) == 4 and all(len(d) == 64 for d in digests.values())
+    assert len(set(digests.values())) == 4
+    copied = copy_dataset(grey_dataset, tmp_path / "copy", row_group_size=7)
+    assert split_digests(key_for(copied)) == digests
+    repainted = copy_dataset(grey_dataset, tmp_path / "repainted", repaint=5)
+    assert split_sizes(key_for(repainted)) == split_sizes(key_for(grey_dataset))
+    changed = [p for p, d in split_digests(key_for(repainted)).items() if d != digests[p]]
+    assert len(changed) == 1
 
 
 def test_alternative_column_names_are_found(tmp_path: Path) -> None:

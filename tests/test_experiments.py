@@ -1287,13 +1287,15 @@ class RoundsSuperLink(FakeSuperLink):
     ``resume`` folder's checkpoint holds, and records each run config it was given."""
 
     configs: list[dict[str, Any]] = []
+    folder_name = "run1"  # of the run folder a new "run" makes
 
     def run_polling(
         self, config_file: str, clients: int, log_path: Path, poll: float
     ) -> Iterator[None]:
         run_config = tomllib.loads(Path(config_file).read_text())
         RoundsSuperLink.configs.append(run_config)
-        folder = Path(run_config.get("resume") or Path(run_config["results-dir"]) / "run1")
+        new = Path(run_config["results-dir"]) / self.folder_name
+        folder = Path(run_config.get("resume") or new)
         folder.mkdir(exist_ok=True)
         config = load_config({**DECLARED, **run_config}).to_run_config()
         document = results_document("completed", config)
@@ -1340,6 +1342,56 @@ def test_max_minutes_stops_after_a_round_and_the_rerun_resumes_it(
     assert RoundsSuperLink.configs[1]["state-dir"] == RoundsSuperLink.configs[0]["state-dir"]
     assert f"resuming {folder} after round 1" in printed and "grid 3/3 rounds" in printed
     assert not read_marker(folder) and not spec.state_dir.exists()  # finished: state freed
+
+
+class StaleCopySuperLink(RoundsSuperLink):
+    """``flwr run`` names run 7; meanwhile a copy of the run that an earlier SuperLink
+    left pending (id 9: its folder sorts after ours) has made a folder of its own in the
+    seed's folder and got further, to round 2."""
+
+    folder_name = "20250101-000000_fedreg_run7"
+
+    def run_polling(
+        self, config_file: str, clients: int, log_path: Path, poll: float
+    ) -> Iterator[None]:
+        run_config = tomllib.loads(Path(config_file).read_text())
+        config = load_config({**DECLARED, **run_config}).to_run_config()
+        log_path.write_text("Successfully started run 7\n")
+        stale = Path(run_config["results-dir"]) / "20250101-000000_fedreg_run9"
+        stale.mkdir()
+        document = results_document("completed", config)
+        document["run"]["status"] = "running"
+        document["rounds"] = [{**document["rounds"][0], "round": k} for k in (1, 2)]
+        (stale / "results.json").write_text(json.dumps(document))
+        Checkpoint(round=2, model={"w": np.ones(2)}, strategy_arrays={}, strategy_state={},
+                   state_key=stale.name, run_config=config).save(stale)  # fmt: skip
+        yield from super().run_polling(config_file, clients, log_path, poll)
+
+
+def test_the_runner_follows_the_run_it_submitted_not_another_new_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The runner took the newest new folder in the seed's folder for its run's: with a
+    stale copy of the run writing beside it, it showed and timed the copy's rounds, and
+    would have marked the copy stopped. Now it follows the folder of the run id that
+    ``flwr run`` printed: stopped by ``--max-minutes`` after its own round 1."""
+    config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(experiments, "LocalSuperLink", StaleCopySuperLink)
+    monkeypatch.setattr(RoundsSuperLink, "configs", [])
+    assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
+    printed = capsys.readouterr()
+    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
+    ours, stale = (
+        spec.folder / StaleCopySuperLink.folder_name,
+        spec.folder / "20250101-000000_fedreg_run9",
+    )
+    assert checkpoint_round(ours) == 1 and read_marker(ours)["stopped"]
+    assert json.loads((ours / "results.json").read_text())["run"]["status"] == "stopped"
+    assert not read_marker(stale) and checkpoint_round(stale) == 2
+    assert "[run 1/1 | round 1/3] t3 fedreg seed 0" in printed.out
+    assert "round 2/3" not in printed.out
+    assert "stopped after round 1/3" in printed.err
 
 
 class SignalledSuperLink(RoundsSuperLink):

@@ -4,13 +4,23 @@ over the virtual environment and the run outputs."""
 from __future__ import annotations
 
 import io
+import re
 import shutil
+import subprocess
+import time
 import zipfile
 from pathlib import Path
 
 from flwr.cli.build import build_fab_from_disk
 
-from fedreg_app.launcher import PROJECT, stage_app
+from fedreg_app.launcher import (
+    DATABASE,
+    HF_OFFLINE_ENV,
+    PROJECT,
+    LocalSuperLink,
+    config_text,
+    stage_app,
+)
 
 
 def fab_files(fab: bytes) -> dict[str, bytes]:
@@ -58,3 +68,43 @@ def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
     stage_app(app, staged)
     assert (staged / "README.md").read_text() == "# changed\n"
     assert not (staged / "stale.py").exists()
+
+
+class SuperLinkWithoutSuperExec(LocalSuperLink):
+    """A SuperLink that starts no SuperExec: a run submitted to it stays pending, as one
+    does when ``fedreg-experiment`` is stopped just after it submitted the run."""
+
+    def superlink_command(self, isolation: str = "process") -> list[str]:
+        return super().superlink_command(isolation)
+
+
+def test_a_run_left_pending_by_a_stopped_superlink_is_not_started_by_the_next(
+    tmp_path: Path, grey_dataset: Path
+) -> None:
+    """The runner keeps one FLWR_HOME per output folder. A run still pending in its
+    SuperLink's database when the runner was stopped was started by the next runner's
+    SuperLink, beside the run the runner resumed: two copies of FedDyn's seed 2 ran at
+    half speed each, the stale copy in a run folder of its own. Now a SuperLink we start
+    forgets the runs of the one before (the app resumes runs from its checkpoints)."""
+    home, results_dir = tmp_path / "home", tmp_path / "results"
+    config = config_text({"dataset-path": str(grey_dataset), "num-server-rounds": 1,
+                          "min-partition-size": 5, "results-dir": str(results_dir)})  # fmt: skip
+    with SuperLinkWithoutSuperExec(home, extra_env=HF_OFFLINE_ENV) as link:
+        submitted = subprocess.Popen(
+            link.command(config, supernodes=2), cwd=link.app, env=link.env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        lines = []
+        for line in submitted.stdout:  # `flwr run --stream` waits for the run's logs
+            lines.append(line)
+            if found := re.search(r"Successfully started run (\d+)", line):
+                break
+        submitted.terminate()
+        submitted.wait(timeout=30)
+        assert found, "".join(lines)
+    assert (home / DATABASE).is_file()  # the pending run is on disk
+    with LocalSuperLink(home, extra_env=HF_OFFLINE_ENV):
+        time.sleep(10)  # a pending run is taken within a second (the SuperExec polls 0.1 s)
+        log = (home / "superlink.log").read_text()
+    assert f"of run {found[1]}" not in log, log
+    assert not results_dir.exists()  # no ServerApp of it ever started

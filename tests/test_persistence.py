@@ -148,6 +148,9 @@ def test_resume_must_be_the_same_experiment(tmp_path: Path) -> None:
         {"num_clients": 2, "split_sizes": [[3, 1]]},  # one partition's sizes for two
         {"num_clients": 0, "split_sizes": None},
         {"num_clients": 1, "split_sizes": [[3, -1]]},
+        {"num_clients": 2, "split_sizes": None, "split_digests": ["a" * 64]},  # one for two
+        {"num_clients": 1, "split_sizes": None, "split_digests": ["A" * 64]},  # not hex
+        {"num_clients": 1, "split_sizes": None, "split_digests": [1]},
         "4",
     ],
 )
@@ -174,6 +177,28 @@ def test_a_checkpoint_names_the_partition_whose_data_changed(tmp_path: Path) -> 
         loaded.check_clients(3, {0: (30, 10), 1: (44, 15), 2: (9, 3)})
     with pytest.raises(ConfigError, match="2 clients .* made with 3"):
         loaded.check_clients(2, {0: (30, 10), 1: (45, 15)})
+
+
+def test_a_checkpoint_names_the_partition_whose_samples_changed_at_the_same_sizes(
+    tmp_path: Path,
+) -> None:
+    """Sizes alone miss data replaced by others of the same sizes (a JPEG copy of a PNG
+    dataset, a corrected file): the content digests tell, and name the partition."""
+    config = RunConfig(algo="fedavg").to_run_config()
+    sizes = {0: (30, 10), 1: (45, 15)}
+    digests = {0: "0" * 64, 1: "1" * 64}
+    Checkpoint(3, {}, {}, {}, "k", config, clients_record(2, sizes, digests)).save(tmp_path)
+    loaded, _ = Checkpoint.load(tmp_path)
+    assert loaded.clients is not None and loaded.clients["split_digests"] == ["0" * 64, "1" * 64]
+    loaded.check_clients(2, sizes, digests)
+    loaded.check_clients(2, sizes)  # a reference algorithm: no digests to compare
+    with pytest.raises(ConfigError, match="partition 1 now holds other samples .* 222222222222 "
+                       "instead of 111111111111"):  # fmt: skip
+        loaded.check_clients(2, sizes, {0: "0" * 64, 1: "2" * 64})
+    earlier = clients_record(2, sizes)  # a checkpoint made before digests were recorded
+    assert earlier["split_digests"] is None
+    Checkpoint(3, {}, {}, {}, "k", config, earlier).save(tmp_path)
+    Checkpoint.load(tmp_path)[0].check_clients(2, sizes, {0: "0" * 64, 1: "2" * 64})
 
 
 def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -> None:

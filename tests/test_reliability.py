@@ -26,6 +26,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedreg_app import client_app
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
+from fedreg_app.data import data_digest
 from fedreg_app.metrics import client_error
 from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
@@ -49,7 +50,7 @@ from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import load_config
 from fedreg_app.training import EVAL_BATCH_ENV
 from strategies.fedreg import FedReGStrategy
-from tests.fake_data import write_image_dataset
+from tests.fake_data import copy_dataset, write_image_dataset
 from tests.holders import SERVERAPP, held_elsewhere
 from tests.inprocess import (
     Fault,
@@ -670,13 +671,17 @@ def test_a_resume_on_other_clients_or_other_data_is_refused_before_any_work(
     """The checkpoint kept only the run config, so a resume on 5 partitions instead of 4
     (another num-supernodes) or on a dataset replaced at its path trained the checkpoint's
     model on other clients' data and ended `completed`, caught (if at all) only when its
-    record was read. Now the checkpoint records its clients (number, split sizes) and
-    both resumes are refused before a message is sent, the folder untouched; the original
-    clients then resume to the uninterrupted figures."""
+    record was read. Now the checkpoint records its clients (number, split sizes, content
+    digests) and these resumes, and one on data of the same sizes with one image changed,
+    are refused before a message is sent, the folder untouched; the original clients then
+    resume to the uninterrupted figures."""
     config = {**base, "state-dir": str(tmp_path / "state")}
     folder = killed_in_round_2(config, tmp_path)
     clients = json.loads((folder / "checkpoint" / "state.json").read_text())["clients"]
     assert clients["num_clients"] == 4 and len(clients["split_sizes"]) == 4
+    assert len(set(clients["split_digests"])) == 4
+    recorded = results_of(folder)["run"]["data_digest"]
+    assert recorded == data_digest(dict(enumerate(clients["split_digests"])))
     before = (folder / "results.json").read_bytes()
     resumed = {**config, "resume": str(folder), "results-dir": str(tmp_path / "second")}
     grid, stopped = run_server(resumed, num_partitions=5, run_id=2)
@@ -688,6 +693,10 @@ def test_a_resume_on_other_clients_or_other_data_is_refused_before_any_work(
     _, stopped = run_server({**resumed, "dataset-path": str(other_data)}, run_id=3)
     assert isinstance(stopped, ConfigError)
     assert "the data are not the ones the run was trained on" in str(stopped)
+    # the same sizes and labels, one image re-encoded with one pixel changed
+    repainted = copy_dataset(grey_dataset, tmp_path / "repainted", repaint=5)
+    _, stopped = run_server({**resumed, "dataset-path": str(repainted)}, run_id=6)
+    assert isinstance(stopped, ConfigError) and "now holds other samples" in str(stopped)
     assert (folder / "results.json").read_bytes() == before
     legacy, _ = Checkpoint.load(folder)  # as an earlier version saved it: no clients record
     legacy.clients = None

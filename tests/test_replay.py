@@ -395,6 +395,22 @@ def test_against_notes_keys_only_one_run_records(tmp_path: Path, capsys) -> None
     assert f"{empty.resolve()} records no round yet" in err
 
 
+def test_against_notes_runs_that_read_other_data(tmp_path: Path, capsys) -> None:
+    """The same config on other samples (a dataset re-encoded at its path): the rounds
+    differ because of the data, and the note says so; the same digest, or a record made
+    before digests were written, gives no note."""
+    first, other = results_file(tmp_path), second_file(tmp_path)
+    for path, digest in ((first, "a" * 64), (other, "b" * 64)):
+        document = json.loads(path.read_text())
+        document["run"]["data_digest"] = digest
+        path.write_text(json.dumps(document))
+    assert main([str(first), "--against", str(other)]) == 0
+    assert "replay: note: the two runs read other data (data_digest aaaaaaaaaaaa vs " \
+        "bbbbbbbbbbbb" in capsys.readouterr().out  # fmt: skip
+    assert replay.data_notes({"data_digest": "a" * 64}, {"data_digest": "a" * 64}) == []
+    assert replay.data_notes({}, {"data_digest": "b" * 64}) == []
+
+
 # ------------------------------------------------------------ GPU records
 def with_devices(path: Path, device: str) -> Path:
     """The record's clients said they computed on ``device`` in every round."""
