@@ -54,7 +54,7 @@ MODEL, STRATEGY = "model.npz", "strategy.npz"
 FORMAT = 2
 #: Round folders: ``round-000005``, or ``round-000005-2`` when that name is taken.
 ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
-#: A content digest as :func:`~fedreg_app.data.content_digest` writes it.
+#: A content digest as :func:`~fedreg_app.data.tensors_digest` writes it.
 SHA256 = re.compile(r"[0-9a-f]{64}")
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
 RESUMABLE_CHANGES = PLACE_KEYS | {"num-server-rounds", "eval-every"}

@@ -428,12 +428,14 @@ def split_sizes(key: PartitionKey) -> dict[int, tuple[int, int]]:
 
 
 def split_digests(key: PartitionKey) -> dict[int, str]:
-    """Every partition's content digest (:func:`content_digest` of its train then its test
-    split): what a checkpoint needs to tell that the data at ``dataset-path`` were replaced
-    by others of the same sizes (another encoding of the same images, a corrected copy),
-    on which a resume would continue the run's model. About 1.5 s for 70,000 images."""
+    """Every partition's content digest (:func:`tensors_digest` of its decoded train then
+    test split, one partition decoded at a time): what a checkpoint needs to tell that
+    the data at ``dataset-path`` were replaced by others of the same sizes (a lossy copy,
+    a corrected file), on which a resume would continue the run's model. About 5 s for
+    Fashion-MNIST's 70,000 images on this project's CPU machine."""
+    channels = load_info(key).channels
     return {
-        pid: content_digest(split["train"], split["test"])
+        pid: tensors_digest(*(_to_tensors(split[part], channels) for part in ("train", "test")))
         for pid, split in enumerate(_every_split(key))
     }
 
@@ -441,32 +443,21 @@ def split_digests(key: PartitionKey) -> dict[int, str]:
 def data_digest(digests: dict[int, str]) -> str:
     """One digest of a whole partitioning (every partition's :func:`split_digests` entry,
     in partition order): ``results.json`` records it, so that two runs, or a run and its
-    replay, can be told to have read the same samples, split the same way."""
+    replay, can be told to have trained on the same samples, split the same way."""
     return hashlib.sha256("".join(digests[p] for p in sorted(digests)).encode()).hexdigest()
 
 
-def content_digest(*parts: Dataset) -> str:
-    """sha256 over the samples of ``parts`` in order: each sample's stored input (the
-    encoded image file's bytes, or its path where a dataset stores none; the text) and its
-    label. Read as Arrow, nothing decoded; independent of how the files group their rows,
-    so a dataset copied or rewritten with the same samples keeps its digest."""
+def tensors_digest(*parts: TensorData) -> str:
+    """sha256 over decoded samples, as the clients train on them: inputs and labels with
+    their shapes and types. A copy whose files differ but decode to the same pixels (other
+    row groups, another PNG compression) keeps its digest; a lossy re-encoding does not."""
     sha = hashlib.sha256()
     for part in parts:
-        table = part.with_format("arrow")[:]
-        inputs = IMAGE if IMAGE in table.column_names else TEXT
-        for value in table.column(inputs).to_pylist():
-            if isinstance(value, dict):  # an image: {"bytes": ..., "path": ...}
-                value = value.get("bytes") or (value.get("path") or "").encode()
-            _update_sized(sha, value if isinstance(value, bytes) else str(value).encode())
-        for label in table.column("label").to_pylist():
-            _update_sized(sha, str(label).encode())
+        for tensor in (part.x, part.y):
+            array = np.ascontiguousarray(tensor.numpy())
+            sha.update(f"{array.dtype.str}{array.shape}".encode())
+            sha.update(array.data)
     return sha.hexdigest()
-
-
-def _update_sized(sha: hashlib._Hash, data: bytes) -> None:
-    """Each field with its length first: no two sequences of fields hash alike."""
-    sha.update(len(data).to_bytes(8, "little"))
-    sha.update(data)
 
 
 @cache

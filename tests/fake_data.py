@@ -102,28 +102,39 @@ def write_text_dataset(
 
 
 def copy_dataset(
-    source: Path, folder: Path, *, repaint: int | None = None, row_group_size: int | None = None
+    source: Path,
+    folder: Path,
+    *,
+    repaint: int | None = None,
+    recompress: bool = False,
+    row_group_size: int | None = None,
 ) -> Path:
     """A copy of a parquet dataset folder, rewritten by pyarrow: the same samples in
-    ``row_group_size`` rows per group (another layout of the same data), and, with
-    ``repaint``, the train split's image of that index with one pixel changed and saved
-    again as PNG (the same sizes and labels, other content: a re-encoded or corrected
-    copy)."""
+    ``row_group_size`` rows per group (another layout of the same data); with
+    ``recompress``, every train image saved again as an uncompressed PNG (other bytes,
+    the same pixels); with ``repaint``, the train image of that index with one pixel
+    changed (the same sizes and labels, other content: a lossy or corrected copy)."""
     import io
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    def encoded(image: Image.Image) -> bytes:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG", compress_level=0 if recompress else 6)
+        return buffer.getvalue()
+
     folder.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.glob("*.parquet")):
         table = pq.read_table(path)
-        if repaint is not None and path.stem == "train":
+        if path.stem == "train" and (repaint is not None or recompress):
             images = table.column("image").to_pylist()
-            image = Image.open(io.BytesIO(images[repaint]["bytes"]))
-            image.putpixel((0, 0), 255 - image.getpixel((0, 0)))
-            encoded = io.BytesIO()
-            image.save(encoded, format="PNG")
-            images[repaint] = {"bytes": encoded.getvalue(), "path": images[repaint]["path"]}
+            for index, item in enumerate(images):
+                if recompress or index == repaint:
+                    image = Image.open(io.BytesIO(item["bytes"]))
+                    if index == repaint:
+                        image.putpixel((0, 0), 255 - image.getpixel((0, 0)))
+                    images[index] = {"bytes": encoded(image), "path": item["path"]}
             column = pa.array(images, type=table.schema.field("image").type)
             table = table.set_column(table.schema.get_field_index("image"), "image", column)
         pq.write_table(table, folder / path.name, row_group_size=row_group_size)

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -73,17 +74,23 @@ def test_same_seed_same_partition_other_seed_differs(grey_dataset: Path) -> None
     assert len(other.train) != len(first.train) or not torch.equal(other.train.y, first.train.y)
 
 
-def test_content_digests_follow_the_samples_not_the_files(
+def test_content_digests_follow_the_decoded_samples_not_the_files(
     grey_dataset: Path, tmp_path: Path
 ) -> None:
-    """A copy of the same samples (another folder, other row groups) keeps every
-    partition's digest; one image with one pixel changed, at the same sizes and labels,
-    changes exactly the digest of the partition that holds it."""
+    """What clients train on decides: a copy with other row groups, or with every image
+    saved again as another PNG (other bytes, the same pixels), keeps every partition's
+    digest; one image with one pixel changed, at the same sizes and labels, changes
+    exactly the digest of the partition that holds it."""
     digests = split_digests(key_for(grey_dataset))
     assert len(digests) == 4 and all(len(d) == 64 for d in digests.values())
     assert len(set(digests.values())) == 4
     copied = copy_dataset(grey_dataset, tmp_path / "copy", row_group_size=7)
     assert split_digests(key_for(copied)) == digests
+    recompressed = copy_dataset(grey_dataset, tmp_path / "recompressed", recompress=True)
+    images = [pq.read_table(folder / "train.parquet").column("image").to_pylist()
+              for folder in (grey_dataset, recompressed)]  # fmt: skip
+    assert all(a["bytes"] != b["bytes"] for a, b in zip(*images, strict=True))
+    assert split_digests(key_for(recompressed)) == digests
     repainted = copy_dataset(grey_dataset, tmp_path / "repainted", repaint=5)
     assert split_sizes(key_for(repainted)) == split_sizes(key_for(grey_dataset))
     changed = [p for p, d in split_digests(key_for(repainted)).items() if d != digests[p]]
