@@ -56,6 +56,9 @@ FORMAT = 2
 ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
 #: A content digest as :func:`~fedreg_app.data.tensors_digest` writes it.
 SHA256 = re.compile(r"[0-9a-f]{64}")
+#: How the digests are computed; a checkpoint's digests of another scheme are not
+#: compared (bump it when :func:`~fedreg_app.data.tensors_digest` changes).
+DIGEST_SCHEME = 1
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
 RESUMABLE_CHANGES = PLACE_KEYS | {"num-server-rounds", "eval-every"}
 #: What the user can do about a checkpoint that cannot be trusted.
@@ -186,7 +189,8 @@ class Checkpoint:
                 f"{tuple(now['split_sizes'][changed])}, the checkpoint's run had "
                 f"{tuple(then['split_sizes'][changed])}: {OTHER_DATA}"
             )
-        changed = _first_change(then.get("split_digests"), now["split_digests"])
+        recorded = then.get("split_digests") if then.get("digest_scheme") == DIGEST_SCHEME else None
+        changed = _first_change(recorded, now["split_digests"])
         if changed is not None:
             raise ConfigError(
                 f"resume: partition {changed} now holds other samples than the checkpoint's "
@@ -198,8 +202,8 @@ class Checkpoint:
 #: Why a resume on changed data is refused, and what to do.
 OTHER_DATA = (
     "the data are not the ones the run was trained on (the dataset at dataset-path was "
-    "replaced or re-encoded, or the partitioning changed); resume with the original data, "
-    "or start anew"
+    "replaced or re-encoded, the partitioning changed, or another Pillow decodes its "
+    "images otherwise); resume with the original data and libraries, or start anew"
 )
 
 
@@ -220,7 +224,12 @@ def clients_record(
     them (not for the reference algorithms, which keep no partitioning)."""
     split_sizes = [list(sizes[p]) for p in range(num_clients)] if sizes else None
     split_digests = [digests[p] for p in range(num_clients)] if digests else None
-    return {"num_clients": num_clients, "split_sizes": split_sizes, "split_digests": split_digests}
+    return {
+        "num_clients": num_clients,
+        "split_sizes": split_sizes,
+        "split_digests": split_digests,
+        **({"digest_scheme": DIGEST_SCHEME} if digests else {}),
+    }
 
 
 def state_path(run_folder: Path) -> Path:

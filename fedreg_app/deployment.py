@@ -30,6 +30,7 @@ from typing import Any
 
 from fedreg_app.launcher import (
     BIN,
+    DATABASE,
     PROJECT,
     QUIET_OFFLINE_ENV,
     TASK_POLL_ENV,
@@ -141,7 +142,7 @@ class LocalDeployment:
             str(BIN / "flower-superlink"), *self._security("superlink"),
             "--isolation", "subprocess", "--disable-runtime-dependency-installation",
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--database", str(self.home / "state.db"),
+            "--database", str(self.home / DATABASE),  # kept: SuperNodes outlive a restart
         ]  # fmt: skip
         if self.supernode_auth:
             command.append("--enable-supernode-auth")

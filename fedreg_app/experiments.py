@@ -913,6 +913,7 @@ class Session:
         self.declared = declared
         self.rounds_run = 0  # rounds this invocation completed (a slice does at least one)
         self.current: Path | None = None  # the run folder in progress
+        self.confirmed = False  # whether it is known to be this run's (resumed, or by run id)
         self.spec: RunSpec | None = None
         self.before: set[Path] = set()  # the seed's run folders before the run started
 
@@ -921,12 +922,14 @@ class Session:
         ``flwr run`` printed, where it printed one, so that a folder another run makes in
         the seed's folder meanwhile (a run an earlier SuperLink left pending, before
         :func:`~fedreg_app.launcher.forget_earlier_runs`) is never taken for this run's."""
-        if self.current is None and self.spec is not None:
-            new = [f for f in self.spec.run_folders() if f not in self.before]
-            run_id = submitted_run_id(self.spec.folder / FLWR_LOG)
-            if run_id is not None:
-                new = [f for f in new if f.name.endswith(f"_run{run_id}")]
-            self.current = new[-1] if new else None
+        if self.spec is None or self.confirmed:
+            return
+        new = [f for f in self.spec.run_folders() if f not in self.before]
+        run_id = submitted_run_id(self.spec.folder / FLWR_LOG)
+        if run_id is not None:
+            new = [f for f in new if f.name.endswith(f"_run{run_id}")]
+            self.confirmed = bool(new)  # the run's own folder: looked for no more
+        self.current = new[-1] if new else self.current
 
     def run(self, superlink: LocalSuperLink, index: int, spec: RunSpec) -> None:
         if self.rounds_run and self.limits.time_up():
@@ -950,6 +953,7 @@ class Session:
             shutil.rmtree(spec.state_dir / "runs", ignore_errors=True)  # nothing resumes it
         self.before = set(spec.run_folders())
         self.spec, self.current = spec, attempt.resume
+        self.confirmed = attempt.resume is not None
         self.progress.start(spec, attempt.after_round)
         config_file = write_run_config(run_config, spec.folder)
         log_path = spec.folder / FLWR_LOG
@@ -976,7 +980,7 @@ class Session:
         rounds = checkpoint_round(self.current)
         self.rounds_run += max(0, rounds - max(last, attempt.after_round))
         self.progress.close(spec, rounds)
-        self.spec, self.current = None, None
+        self.spec, self.current, self.confirmed = None, None, False
         spec.result = spec.finished_results()
         if spec.result is None:
             print(f"run failed: {spec.describe()}: {spec.failure()}", file=sys.stderr)

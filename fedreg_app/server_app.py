@@ -505,8 +505,8 @@ def run_rounds(
     test_set: TensorData | None,
     writer: ResultsWriter,
     arrays: ArrayRecord,
-    first_round: int = 1,
-    clients: dict[str, Any] | None = None,
+    first_round: int,
+    clients: dict[str, Any],
 ) -> ArrayRecord:
     if first_round > 1 and strategy.finished(first_round - 1):  # resumed after its end
         log(INFO, "%s had ended the run after round %d", config.algo, first_round - 1)
@@ -539,10 +539,9 @@ def save_checkpoint(
     arrays: ArrayRecord,
     strategy: PersonalizedStrategy,
     config: RunConfig,
-    clients: dict[str, Any] | None = None,
+    clients: dict[str, Any],
 ) -> None:
-    """``clients``: the federation's :func:`clients_record` (by default its count and split
-    sizes as the strategy knows them)."""
+    """``clients``: the federation's :func:`clients_record`, kept with every checkpoint."""
     strategy_arrays, strategy_state = strategy.state_dict()
     Checkpoint(
         round=server_round,
@@ -551,7 +550,7 @@ def save_checkpoint(
         strategy_state=strategy_state,
         state_key=strategy.state_key,
         run_config=config.to_run_config(),
-        clients=clients or clients_record(strategy.num_partitions, strategy.split_sizes),
+        clients=clients,
     ).save(folder)
 
 
@@ -769,11 +768,15 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
-    digests = {}
     if not algorithm.reference:  # one partitioning of the clients' data
-        strategy.split_sizes, digests = split_sizes(key), split_digests(key)
-    if checkpoint is not None:  # before any training: the same data
+        strategy.split_sizes = split_sizes(key)
+    if checkpoint is not None:  # before any training (and any decoding): the same sizes
+        checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
+    digests = {} if algorithm.reference else split_digests(key)
+    if checkpoint is not None:  # and the same samples
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes, digests)
+        if not (checkpoint.clients or {}).get("split_digests"):
+            digests = {}  # an earlier version's run: its first rounds' data were not digested
     if config.dp_mode == "central":  # after split_sizes: the declarations are checked
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None

@@ -47,8 +47,10 @@ from fedreg_app.experiments import (
 from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree
 from fedreg_app.metrics import BEST_OF, ResultsWriter, RoundRecord
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
+from fedreg_app.protocol import is_valid_state_key
 from fedreg_app.registry import load_config
 from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, cell_problem, mean_std
+from fedreg_app.server_app import run_folder
 from tests.holders import SERVERAPP, held_elsewhere
 
 DECLARED = declared_run_config()
@@ -1392,6 +1394,14 @@ def test_the_runner_follows_the_run_it_submitted_not_another_new_folder(
     assert "[run 1/1 | round 1/3] t3 fedreg seed 0" in printed.out
     assert "round 2/3" not in printed.out
     assert "stopped after round 1/3" in printed.err
+
+
+def test_a_run_folder_name_keeps_its_run_id_whole_however_long_its_parts() -> None:
+    """The runner finds its run's folder by the id that ends the name; before, a name
+    over 180 characters was cut, run id first."""
+    folder = run_folder("/r", ["fedreg", "d" * 300, "a0.1", "s0"], 9447175742636134187)
+    assert folder.name.endswith("_run9447175742636134187")
+    assert is_valid_state_key(folder.name)
 
 
 class SignalledSuperLink(RoundsSuperLink):

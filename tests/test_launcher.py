@@ -4,7 +4,6 @@ over the virtual environment and the run outputs."""
 from __future__ import annotations
 
 import io
-import re
 import shutil
 import subprocess
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from flwr.cli.build import build_fab_from_disk
 
+from fedreg_app.experiments import submitted_run_id
 from fedreg_app.launcher import (
     DATABASE,
     HF_OFFLINE_ENV,
@@ -94,17 +94,19 @@ def test_a_run_left_pending_by_a_stopped_superlink_is_not_started_by_the_next(
             link.command(config, supernodes=2), cwd=link.app, env=link.env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        lines = []
-        for line in submitted.stdout:  # `flwr run --stream` waits for the run's logs
-            lines.append(line)
-            if found := re.search(r"Successfully started run (\d+)", line):
-                break
+        printed = tmp_path / "flwr.log"
+        with printed.open("w") as log:
+            for line in submitted.stdout:  # `flwr run --stream` waits for the run's logs
+                log.write(line)
+                if "Successfully started run" in line:
+                    break
         submitted.terminate()
         submitted.wait(timeout=30)
-        assert found, "".join(lines)
+    run_id = submitted_run_id(printed)  # as the runner reads flwr run's real output
+    assert run_id is not None, printed.read_text()
     assert (home / DATABASE).is_file()  # the pending run is on disk
     with LocalSuperLink(home, extra_env=HF_OFFLINE_ENV):
         time.sleep(10)  # a pending run is taken within a second (the SuperExec polls 0.1 s)
         log = (home / "superlink.log").read_text()
-    assert f"of run {found[1]}" not in log, log
+    assert f"of run {run_id}" not in log, log
     assert not results_dir.exists()  # no ServerApp of it ever started

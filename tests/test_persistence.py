@@ -199,6 +199,9 @@ def test_a_checkpoint_names_the_partition_whose_samples_changed_at_the_same_size
     assert earlier["split_digests"] is None
     Checkpoint(3, {}, {}, {}, "k", config, earlier).save(tmp_path)
     Checkpoint.load(tmp_path)[0].check_clients(2, sizes, {0: "0" * 64, 1: "2" * 64})
+    other_scheme = {**clients_record(2, sizes, digests), "digest_scheme": 0}
+    Checkpoint(3, {}, {}, {}, "k", config, other_scheme).save(tmp_path)  # not comparable
+    Checkpoint.load(tmp_path)[0].check_clients(2, sizes, {0: "0" * 64, 1: "2" * 64})
 
 
 def test_resumed_results_keep_the_history_up_to_the_checkpoint(tmp_path: Path) -> None:
