@@ -35,6 +35,11 @@ RAY_ACTOR = "ray-actor"
 #: each value cut to :data:`HOST_VALUE_CHARS` characters).
 HOST_KEYS = (HOSTNAME, TORCH_VERSION, CPU_CAPABILITY, DEVICE, RAY_NODE, RAY_ACTOR)
 HOST_VALUE_CHARS = 200
+#: Replies: the data the client holds (config record), ``digest``: the content digest of
+#: its decoded train and test splits, which the server compares with its own partitioning
+#: (a node whose ``dataset-path`` holds other samples of the same sizes is told apart).
+DATA = "data"
+DIGEST = "digest"
 
 # Message config, server -> client.
 SERVER_ROUND = "server-round"

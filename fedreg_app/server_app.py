@@ -772,7 +772,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         strategy.split_sizes = split_sizes(key)
     if checkpoint is not None:  # before any training (and any decoding): the same sizes
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
-    digests = {} if algorithm.reference else split_digests(key)
+    digests = strategy.split_digests = {} if algorithm.reference else split_digests(key)
     if checkpoint is not None:  # and the same samples
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes, digests)
         if not (checkpoint.clients or {}).get("split_digests"):

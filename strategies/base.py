@@ -48,6 +48,8 @@ from fedreg_app.protocol import (
     CONFIG,
     COST_COUNTS,
     COST_SECONDS,
+    DATA,
+    DIGEST,
     DP_REFERENCE,
     GLOBAL_ARRAYS,
     GLOBAL_CORRECT,
@@ -152,6 +154,9 @@ class PersonalizedStrategy(Strategy):
         #: seeded partitioning every node repeats to find its data: a reply's first claim
         #: is checked against them too (a first claim of 10^12 samples would dominate).
         self.split_sizes: dict[int, tuple[int, int]] = {}
+        #: Each partition's content digest, computed alike: a reply's ``data`` record must
+        #: name it, or the node trained or evaluated on other samples than the partition's.
+        self.split_digests: dict[int, str] = {}
         if config.global_eval != "auto":
             if not self.has_global_model:
                 raise ConfigError(
@@ -377,6 +382,8 @@ class PersonalizedStrategy(Strategy):
         message went to. A reply is data from the wire; none is trusted."""
         if ARRAYS not in msg.content.array_records or METRICS not in msg.content.metric_records:
             return "reply lacks its arrays or metrics"
+        if problem := self.data_problem(msg, partition_id):
+            return problem
         metrics = msg.content[METRICS]
         problem = reply_metrics_problem(
             metrics, partition_id, (NUM_PROCESSED, *set(self.group_weights.values()))
@@ -406,6 +413,22 @@ class PersonalizedStrategy(Strategy):
                 {key: float(metrics[key]) for key in keys}
             )
         return problem
+
+    def data_problem(self, msg: Message, partition_id: int) -> str:
+        """A reply must come from a node holding the partition's samples (``data``'s
+        digest equal to the ServerApp's, where it knows it): a deployed node whose own
+        copy of the dataset differs (a lossy copy, another version) would otherwise train
+        on other data with the same sample counts. "" when it holds or is not known."""
+        known = self.split_digests.get(partition_id)
+        if known is None:
+            return ""
+        said = msg.content[DATA].get(DIGEST) if DATA in msg.content.config_records else None
+        if said == known:
+            return ""
+        shown = f"{said[:12]}…" if isinstance(said, str) else repr(said)[:40]
+        return (f"data digest {shown}, but partition {partition_id}'s samples digest to "
+                f"{known[:12]}…: the node's dataset-path holds other data than the "
+                "ServerApp's")  # fmt: skip
 
     def weights_problem(self, partition_id: int, metrics: Mapping[str, Any]) -> str:
         """A partition's aggregation weights against its train split, which the server
@@ -491,6 +514,8 @@ class PersonalizedStrategy(Strategy):
         above the number of test samples."""
         if METRICS not in msg.content.metric_records:
             return "reply lacks its metrics"
+        if problem := self.data_problem(msg, partition_id):
+            return problem
         metrics = msg.content[METRICS]
         counted = [PERSONAL_CORRECT, *([GLOBAL_CORRECT] if self.global_on_clients else [])]
         problem = reply_metrics_problem(

@@ -112,16 +112,20 @@ class InProcessGrid:
         num_partitions: int,
         faults: dict[tuple[str, int, int], Fault] | None = None,
         kill_after: tuple[str, int, int] | None = None,
+        node_config: dict[str, Any] | None = None,
     ) -> None:
         """``faults[(phase, round, partition)]`` rewrites that reply; ``kill_after =
-        (phase, round, n)`` kills the server once ``n`` replies of that phase came back."""
+        (phase, round, n)`` kills the server once ``n`` replies of that phase came back;
+        ``node_config``: further node config of every node (a deployed device's own
+        ``dataset-path``)."""
         self.run_config = run_config
         self.faults = faults or {}
         self.kill_after = kill_after
         self.contexts = {
             1000 + p: Context(
                 run_id=1, node_id=1000 + p, state=RecordDict(), run_config=dict(run_config),
-                node_config={"partition-id": p, "num-partitions": num_partitions},
+                node_config={"partition-id": p, "num-partitions": num_partitions,
+                             **(node_config or {})},
             )
             for p in range(num_partitions)
         }  # fmt: skip

@@ -238,12 +238,13 @@ def test_a_reply_claiming_other_weights_than_declared_is_rejected(
     inflating its weight (it would break the sensitivity bound) does not count."""
     from flwr.app import Message, MetricRecord, RecordDict
 
-    from fedreg_app.protocol import ARRAYS, METRICS
+    from fedreg_app.protocol import ARRAYS, DATA, METRICS
 
     def inflate(msg: Message, honest: Message | None) -> Message:
         metrics = dict(honest.content[METRICS])
         metrics[NUM_EXAMPLES] = int(metrics[NUM_EXAMPLES]) * 100
-        content = RecordDict({ARRAYS: honest.content[ARRAYS], METRICS: MetricRecord(metrics)})
+        content = RecordDict({ARRAYS: honest.content[ARRAYS], METRICS: MetricRecord(metrics),
+                              DATA: honest.content[DATA]})  # fmt: skip
         return Message(content, reply_to=msg)
 
     config = federated(grey_dataset, tmp_path, **private(**{"num-server-rounds": 1}))

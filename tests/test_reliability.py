@@ -26,7 +26,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedreg_app import client_app
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
-from fedreg_app.data import data_digest
+from fedreg_app.data import PartitionKey, data_digest, split_digests
 from fedreg_app.metrics import client_error
 from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
@@ -35,6 +35,7 @@ from fedreg_app.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
+    DATA,
     EFFECTIVE_EXAMPLES,
     HANDLER_SECONDS,
     HOST,
@@ -269,7 +270,8 @@ def craft(change):
         arrays = from_record(reply.content[ARRAYS])
         metrics = dict(reply.content[METRICS])
         change(arrays, metrics)
-        content = RecordDict({ARRAYS: to_record(arrays), METRICS: MetricRecord(metrics)})
+        content = RecordDict({ARRAYS: to_record(arrays), METRICS: MetricRecord(metrics),
+                              DATA: reply.content[DATA]})  # fmt: skip
         return Message(content, reply_to=msg)
 
     return fault
@@ -383,7 +385,8 @@ def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_pat
     def inflate(msg: Message, reply: Message | None) -> Message:
         metrics = dict(reply.content[METRICS])
         metrics["personal-correct"] = metrics[NUM_TEST] + 50  # more correct than tested
-        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+        return Message(RecordDict({METRICS: MetricRecord(metrics), DATA: reply.content[DATA]}),
+                       reply_to=msg)  # fmt: skip
 
     record = evaluated_with(base, tmp_path / "crafted", 1, inflate)
     assert record["eval_failures"] == 1 and record["personal_accuracy"] is None
@@ -417,7 +420,8 @@ def test_an_evaluation_reply_with_a_cost_that_would_end_the_run_is_dropped(
 
     def infinite_resets(msg: Message, reply: Message | None) -> Message:
         metrics = {**dict(reply.content[METRICS]), STATE_RESETS: float("inf")}
-        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+        return Message(RecordDict({METRICS: MetricRecord(metrics), DATA: reply.content[DATA]}),
+                       reply_to=msg)  # fmt: skip
 
     run_server({**base, "num-server-rounds": 2}, faults={(EVALUATE, 1, 3): infinite_resets})
     document = results(tmp_path / "results")
@@ -435,7 +439,7 @@ def test_a_reply_flooding_its_host_record_leaves_only_the_known_keys(
     def flood(msg: Message, reply: Message | None) -> Message:
         said = {key: "x" * 5000 for key in (*HOST_KEYS, *(f"k{i}" for i in range(2000)))}
         content = RecordDict({ARRAYS: reply.content[ARRAYS], METRICS: reply.content[METRICS],
-                              HOST: ConfigRecord(said)})  # fmt: skip
+                              HOST: ConfigRecord(said), DATA: reply.content[DATA]})  # fmt: skip
         return Message(content, reply_to=msg)
 
     victim = first_sampled(base)
@@ -486,7 +490,8 @@ def test_a_first_evaluation_reply_claiming_a_huge_test_split_is_not_counted(
         metrics = dict(reply.content[METRICS])
         for key in (NUM_TEST, "personal-correct", "global-correct"):
             metrics[key] = 10**12
-        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+        return Message(RecordDict({METRICS: MetricRecord(metrics), DATA: reply.content[DATA]}),
+                       reply_to=msg)  # fmt: skip
 
     run_server({**base, "num-server-rounds": 1}, faults={(EVALUATE, 1, 3): huge})
     record = results(tmp_path / "results")["rounds"][0]
@@ -710,6 +715,30 @@ def test_a_resume_on_other_clients_or_other_data_is_refused_before_any_work(
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
     run_server(whole)
     assert per_round(results_of(folder)) == per_round(results(tmp_path / "whole"))
+
+
+def test_a_node_whose_copy_of_the_data_holds_other_samples_is_refused_by_its_digest(
+    base: dict[str, Any], tmp_path: Path, grey_dataset: Path
+) -> None:
+    """Deployed nodes read their own copies (node config dataset-path). The server checked
+    their sample counts only, so a node whose copy held other samples of the same sizes
+    (here one image with one pixel changed) trained and evaluated on them unnoticed. Now
+    every reply names the digest of the data the node holds: that partition's replies are
+    refused, named, and the run is `degraded`; the other partitions' are counted."""
+    repainted = copy_dataset(grey_dataset, tmp_path / "repainted", repaint=5)
+    ours, theirs = (split_digests(PartitionKey.from_config(load_config(c), 4))
+                    for c in (base, {**base, "dataset-path": str(repainted)}))  # fmt: skip
+    [changed] = [p for p, d in ours.items() if d != theirs[p]]
+    config = {**base, "num-server-rounds": 2}
+    _, stopped = run_server(config, node_config={"dataset-path": str(repainted)})
+    assert stopped is None
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "degraded"
+    errors = [e for r in document["rounds"] for e in r["errors"]]
+    assert errors and all(e["partitions"] == [changed] for e in errors), errors
+    assert all("the node's dataset-path holds other data" in e["error"] for e in errors)
+    assert {e["phase"] for e in errors} >= {"evaluate"}
+    assert all(str(changed) not in r["client_accuracies"] for r in document["rounds"])
 
 
 @pytest.mark.parametrize(
