@@ -383,15 +383,21 @@ def _find_column(pool: Dataset, preferred: tuple[str, ...], kind: type, role: st
 
 def _decode_images(ds: Dataset, channels: int) -> torch.Tensor:
     """Decode image bytes with PIL directly (about 3x faster than HF's numpy format), to
-    the dataset's number of channels."""
+    the dataset's number of channels. The column is read in one slice (iterating the
+    lazy column fetched row by row: half the time), and an image already in the wanted
+    mode is not converted (a copy): 2.4 s instead of 5.1 s for FMNIST's 52,500 training
+    images, the same pixels (``benchmarks/decode.py``)."""
     from datasets import Image as ImageFeature
 
-    raw = ds.cast_column("image", ImageFeature(decode=False))["image"]
-    images = [Image.open(io.BytesIO(item["bytes"])) for item in raw]
+    raw = ds.cast_column("image", ImageFeature(decode=False))[:]["image"]
     mode = "L" if channels == 1 else "RGB"
-    pixels = np.stack([np.asarray(img.convert(mode), dtype=np.uint8) for img in images])
+    pixels = np.stack([_pixels(Image.open(io.BytesIO(item["bytes"])), mode) for item in raw])
     pixels = pixels[:, None, :, :] if pixels.ndim == 3 else pixels.transpose(0, 3, 1, 2)
     return torch.from_numpy(np.ascontiguousarray(pixels))
+
+
+def _pixels(image: Image.Image, mode: str) -> np.ndarray:
+    return np.asarray(image if image.mode == mode else image.convert(mode), dtype=np.uint8)
 
 
 def _to_tensors(ds: Dataset, channels: int) -> TensorData:

@@ -1,0 +1,70 @@
+"""Decoding a dataset's partitions into tensors, the way before session 27 and now, in one
+invocation, interleaved (before, now, before, now, ...) so that a drifting machine shows.
+
+*Before*: the image column fetched lazily and iterated row by row, and every image
+converted to the wanted mode, even one already in it. *Now*: ``fedreg_app.data``'s
+``_decode_images`` (the column read in one slice, no conversion where the mode is
+already right). Both decode every partition's train split of one partitioning; the
+pixels must be identical. Every client decodes its partition this way once, and the
+ServerApp decodes them all at a run's start for their content digests.
+
+    python benchmarks/decode.py --dataset-path ../shared/data/fashion_mnist --clients 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from fedreg_app.data import PartitionKey, _decode_images, client_splits, load_info
+from fedreg_app.registry import load_config
+
+
+def decode_before(ds, channels: int) -> torch.Tensor:
+    """The decoding as it was: a lazy column iterated, every image converted."""
+    from datasets import Image as ImageFeature
+
+    raw = ds.cast_column("image", ImageFeature(decode=False))["image"]
+    images = [Image.open(io.BytesIO(item["bytes"])) for item in raw]
+    mode = "L" if channels == 1 else "RGB"
+    pixels = np.stack([np.asarray(img.convert(mode), dtype=np.uint8) for img in images])
+    pixels = pixels[:, None, :, :] if pixels.ndim == 3 else pixels.transpose(0, 3, 1, 2)
+    return torch.from_numpy(np.ascontiguousarray(pixels))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset-path", required=True)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--alpha", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    config = load_config({"dataset-path": args.dataset_path, "alpha": args.alpha})
+    key = PartitionKey.from_config(config, args.clients)
+    channels = load_info(key).channels
+    splits = [client_splits(key, p)["train"] for p in range(args.clients)]
+    images = sum(len(s) for s in splits)
+    times: dict[str, list[float]] = {"before": [], "now": []}
+    decoded: dict[str, list[torch.Tensor]] = {}
+    for _ in range(args.repeats):
+        for name, decode in (("before", decode_before), ("now", _decode_images)):
+            started = time.perf_counter()
+            decoded[name] = [decode(split, channels) for split in splits]
+            times[name].append(time.perf_counter() - started)
+    identical = all(torch.equal(a, b) for a, b in zip(*decoded.values(), strict=True))
+    before, now = (statistics.median(times[k]) for k in ("before", "now"))
+    for name, values in times.items():
+        print(f"{name}: " + " ".join(f"{v:.2f}s" for v in values))
+    same = str(identical).lower()
+    print(f"decode: images={images} clients={args.clients} before_s={before:.2f} "
+          f"now_s={now:.2f} speedup={before / now:.2f} identical={same}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
