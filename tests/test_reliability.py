@@ -552,7 +552,8 @@ def test_an_evaluation_reply_that_changes_its_test_size_or_counts_fractions_is_n
     def fault(msg: Message, reply: Message | None) -> Message:
         metrics = dict(reply.content[METRICS])
         change(metrics)
-        return Message(RecordDict({METRICS: MetricRecord(metrics)}), reply_to=msg)
+        return Message(RecordDict({METRICS: MetricRecord(metrics), DATA: reply.content[DATA]}),
+                       reply_to=msg)  # fmt: skip
 
     record = evaluated_with(base, tmp_path / "crafted", in_round, fault, rounds=2)
     rounds = results(tmp_path / "crafted")["rounds"]
