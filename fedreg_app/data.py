@@ -385,8 +385,8 @@ def _decode_images(ds: Dataset, channels: int) -> torch.Tensor:
     """Decode image bytes with PIL directly (about 3x faster than HF's numpy format), to
     the dataset's number of channels. The column is read in one slice (iterating the
     lazy column fetched row by row: half the time), and an image already in the wanted
-    mode is not converted (a copy): 2.4 s instead of 5.1 s for FMNIST's 52,500 training
-    images, the same pixels (``benchmarks/decode.py``)."""
+    mode is not converted (a copy): 2.5 s instead of 4.7 s for FMNIST's 52,481 training
+    images of 50 partitions, the same pixels (``benchmarks/decode.py``)."""
     from datasets import Image as ImageFeature
 
     raw = ds.cast_column("image", ImageFeature(decode=False))[:]["image"]
@@ -437,7 +437,7 @@ def split_digests(key: PartitionKey) -> dict[int, str]:
     """Every partition's content digest (:func:`tensors_digest` of its decoded train then
     test split, one partition decoded at a time): what a checkpoint needs to tell that
     the data at ``dataset-path`` were replaced by others of the same sizes (a lossy copy,
-    a corrected file), on which a resume would continue the run's model. About 5 s for
+    a corrected file), on which a resume would continue the run's model. About 6 s for
     Fashion-MNIST's 70,000 images on this project's CPU machine."""
     channels = load_info(key).channels
     return {

@@ -428,7 +428,7 @@ class PersonalizedStrategy(Strategy):
         shown = f"{said[:12]}…" if isinstance(said, str) else repr(said)[:40]
         return (f"data digest {shown}, but partition {partition_id}'s samples digest to "
                 f"{known[:12]}…: the node's dataset-path holds other data than the "
-                "ServerApp's")  # fmt: skip
+                "ServerApp's (or its state-dir a decoded copy made otherwise)")  # fmt: skip
 
     def weights_problem(self, partition_id: int, metrics: Mapping[str, Any]) -> str:
         """A partition's aggregation weights against its train split, which the server

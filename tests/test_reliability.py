@@ -394,6 +394,21 @@ def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_pat
     assert evaluation(record) == evaluation(evaluated_with(base, tmp_path / "failed", 1, None))
 
 
+def test_a_reply_without_its_data_record_is_not_counted(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """A reply that does not say which data its node holds is refused like one that names
+    other data, and counted as if the client had not answered."""
+
+    def drop_data(msg: Message, reply: Message | None) -> Message:
+        kept = {name: record for name, record in reply.content.items() if name != DATA}
+        return Message(RecordDict(kept), reply_to=msg)
+
+    record = evaluated_with(base, tmp_path / "crafted", 1, drop_data)
+    assert record["eval_failures"] == 1 and "data digest None" in record["errors"][0]["error"]
+    assert evaluation(record) == evaluation(evaluated_with(base, tmp_path / "failed", 1, None))
+
+
 def evaluated_with(
     base: dict[str, Any], results_dir: Path, in_round: int, fault: Fault | None, rounds: int = 1
 ) -> dict[str, Any]:
