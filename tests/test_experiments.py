@@ -1317,18 +1317,27 @@ class RoundsSuperLink(FakeSuperLink):
         yield
 
 
+def stopped_after_one_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, link: type[RoundsSuperLink]
+) -> tuple[Path, Path, RunSpec]:
+    """A 3-round grid run by ``link`` with ``--max-minutes 0``: stopped (exit 3) once a
+    round is checkpointed. Returns the config, the output folder and the run's spec."""
+    config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(experiments, "LocalSuperLink", link)
+    monkeypatch.setattr(RoundsSuperLink, "configs", [])
+    assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
+    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
+    return config, out, spec
+
+
 def test_max_minutes_stops_after_a_round_and_the_rerun_resumes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     """Without Flower: ``--max-minutes 0`` stops once one round is checkpointed (exit 3,
     the run marked as stopped by the runner); the same command resumes that folder."""
-    config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
-    out = tmp_path / "out"
-    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
-    monkeypatch.setattr(RoundsSuperLink, "configs", [])
-    assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
+    config, out, spec = stopped_after_one_round(tmp_path, monkeypatch, RoundsSuperLink)
     printed = capsys.readouterr()
-    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
     folder = spec.folder / "run1"
     assert checkpoint_round(folder) == 1 and read_marker(folder)["stopped"]
     run = json.loads((folder / "results.json").read_text())["run"]
@@ -1377,13 +1386,8 @@ def test_the_runner_follows_the_run_it_submitted_not_another_new_folder(
     stale copy of the run writing beside it, it showed and timed the copy's rounds, and
     would have marked the copy stopped. Now it follows the folder of the run id that
     ``flwr run`` printed: stopped by ``--max-minutes`` after its own round 1."""
-    config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
-    out = tmp_path / "out"
-    monkeypatch.setattr(experiments, "LocalSuperLink", StaleCopySuperLink)
-    monkeypatch.setattr(RoundsSuperLink, "configs", [])
-    assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
+    _, _, spec = stopped_after_one_round(tmp_path, monkeypatch, StaleCopySuperLink)
     printed = capsys.readouterr()
-    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
     ours, stale = (
         spec.folder / StaleCopySuperLink.folder_name,
         spec.folder / "20250101-000000_fedreg_run9",
