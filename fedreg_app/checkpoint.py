@@ -159,6 +159,13 @@ class Checkpoint:
                 f"has already finished round {self.round}; expected at least that many"
             )
 
+    @property
+    def compares_digests(self) -> bool:
+        """Whether a resume compares the partitions' content digests: recorded, by the
+        scheme this version computes."""
+        then = self.clients or {}
+        return bool(then.get("split_digests")) and then.get("digest_scheme") == DIGEST_SCHEME
+
     def check_clients(
         self,
         num_clients: int,
@@ -189,7 +196,7 @@ class Checkpoint:
                 f"{tuple(now['split_sizes'][changed])}, the checkpoint's run had "
                 f"{tuple(then['split_sizes'][changed])}: {OTHER_DATA}"
             )
-        recorded = then.get("split_digests") if then.get("digest_scheme") == DIGEST_SCHEME else None
+        recorded = then["split_digests"] if self.compares_digests else None
         changed = _first_change(recorded, now["split_digests"])
         if changed is not None:
             raise ConfigError(

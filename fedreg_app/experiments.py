@@ -61,7 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
-from fedreg_app.config import ConfigError, is_count, setting_differences
+from fedreg_app.config import ConfigError, RunConfig, is_count, setting_differences
+from fedreg_app.data import PartitionKey, federated_dataset, split_digests, split_sizes
 from fedreg_app.launcher import (
     ONE_CPU,
     ClientResources,
@@ -523,8 +524,51 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         if state is None or not state.is_dir():
             problem = f"its clients' private state is missing (expected {state})"
             return _damaged(folder, problem, restart_damaged)
+    problem = data_problem(checkpoint, config)
+    if problem:
+        return _damaged(folder, problem, restart_damaged)
     note = f"resuming {folder} after round {checkpoint.round}"
     return Attempt(folder, checkpoint.round, note, status=status)
+
+
+def data_problem(checkpoint: Checkpoint, config: RunConfig) -> str | None:
+    """Why the ServerApp would refuse to resume ``checkpoint`` on the data at the config's
+    dataset path (other split sizes or other samples than its run trained on), found here
+    before any Ray start, so that ``--dry-run`` does not promise that resume and the grid
+    does not start it at every invocation. Checked only where the checkpoint recorded the
+    partitions (sizes first, then the content digests: seconds for a dataset the size of
+    Fashion-MNIST, once per partitioning and invocation)."""
+    recorded = checkpoint.clients or {}
+    if not recorded.get("split_sizes"):  # a reference algorithm's, or an earlier version's
+        return None
+    key = PartitionKey.from_config(config, recorded["num_clients"])
+    try:
+        sizes, digests = partition_facts(key, checkpoint.compares_digests)
+        checkpoint.check_clients(recorded["num_clients"], sizes, digests)
+    except ConfigError as err:
+        return str(err)
+    except Exception as err:  # noqa: BLE001 - unreadable data: the resume would fail too
+        return f"its data cannot be read ({type(err).__name__}: {first_line(str(err))})"
+    return None
+
+
+_PARTITION_FACTS: dict[tuple[PartitionKey, bool], tuple[dict, dict]] = {}
+
+
+def partition_facts(
+    key: PartitionKey, with_digests: bool
+) -> tuple[dict[int, tuple[int, int]], dict[int, str]]:
+    """Every partition's split sizes and, when asked, content digests, as the ServerApp
+    computes them; kept for this invocation (the grid decides each run twice), the
+    dataset itself released after."""
+    if (key, with_digests) not in _PARTITION_FACTS:
+        try:
+            sizes = split_sizes(key)
+            digests = split_digests(key) if with_digests and sizes else {}
+        finally:
+            federated_dataset.cache_clear()  # the runner keeps no dataset open
+        _PARTITION_FACTS[key, with_digests] = sizes, digests
+    return _PARTITION_FACTS[key, with_digests]
 
 
 def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:

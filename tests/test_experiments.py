@@ -25,6 +25,7 @@ import pytest
 from fedreg_app import experiments, persist
 from fedreg_app.checkpoint import Checkpoint, clients_record
 from fedreg_app.config import ConfigError
+from fedreg_app.data import PartitionKey, split_digests, split_sizes
 from fedreg_app.experiments import (
     EXIT_BUSY,
     RUNNER_LOCK,
@@ -51,6 +52,7 @@ from fedreg_app.protocol import is_valid_state_key
 from fedreg_app.registry import load_config
 from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, cell_problem, mean_std
 from fedreg_app.server_app import run_folder
+from tests.fake_data import copy_dataset
 from tests.holders import SERVERAPP, held_elsewhere
 
 DECLARED = declared_run_config()
@@ -1062,6 +1064,49 @@ def test_a_damaged_run_is_reported_and_the_runner_exits_non_zero(
     err = capsys.readouterr().err
     assert f"cannot resume {folder}: checkpoint file" in err and "state.json" in err
     assert err.count("--restart-damaged") == 2  # when found, and in the final report
+
+
+def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
+    tmp_path: Path, grey_dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """The ServerApp refuses to resume a checkpoint on other samples, but the runner only
+    learnt of it from a failed run: ``--dry-run`` promised the resume, and every
+    invocation started Ray for a run that was refused again. Now the runner compares the
+    checkpoint's partitions (sizes, content digests) with the data at its path first: a
+    copy with one pixel changed is named and not run, the folder left as it was; with
+    ``--restart-damaged`` it starts anew. A copy of the same samples in other files resumes."""
+    data = copy_dataset(grey_dataset, tmp_path / "data")
+    config = tiny_config(tmp_path, data, algo="fedreg", rounds=3, seeds=1)
+    out = tmp_path / "out"
+    (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
+    folder = interrupted_run(spec, "stopped")
+    checkpoint, _ = Checkpoint.load(folder)
+    key = PartitionKey.from_config(load_config({**DECLARED, **spec.run_config}), spec.clients)
+    checkpoint.clients = clients_record(spec.clients, split_sizes(key), split_digests(key))
+    checkpoint.save(folder)
+    assert decide(spec, DECLARED).resume == folder  # the data it trained on
+    shutil.rmtree(data)
+    copy_dataset(grey_dataset, data, row_group_size=17)  # the same samples, other files
+    assert decide(spec, DECLARED).resume == folder
+    shutil.rmtree(data)
+    copy_dataset(grey_dataset, data, repaint=7)  # the same sizes, one pixel changed
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    attempt = decide(spec, DECLARED)
+    assert attempt.resume is None and str(folder) in attempt.problem
+    assert "now holds other samples" in attempt.problem
+    assert "--restart-damaged" in attempt.problem
+    assert main([str(config), "--out", str(out), "--dry-run"]) == 0
+    assert "not run: cannot resume" in capsys.readouterr().out
+    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(FakeSuperLink, "started", [])
+    monkeypatch.setattr(FakeSuperLink, "outcome", {})
+    assert main([str(config), "--out", str(out)]) == 1
+    assert FakeSuperLink.started == []  # no Ray, no ServerApp
+    assert "now holds other samples" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    again = decide(spec, DECLARED, restart_damaged=True)
+    assert again.resume is None and "starting anew" in again.note
+    assert read_marker(folder)["abandoned"]
 
 
 # ----------------------------------- interrupted for real, then resumed (e2e)
