@@ -57,6 +57,7 @@ import time
 import tomllib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -536,15 +537,18 @@ def data_problem(checkpoint: Checkpoint, config: RunConfig) -> str | None:
     dataset path (other split sizes or other samples than its run trained on), found here
     before any Ray start, so that ``--dry-run`` does not promise that resume and the grid
     does not start it at every invocation. Checked only where the checkpoint recorded the
-    partitions (sizes first, then the content digests: seconds for a dataset the size of
-    Fashion-MNIST, once per partitioning and invocation)."""
+    partitions, in the ServerApp's order: the sizes, then (decoding every partition) the
+    content digests, seconds for a dataset the size of Fashion-MNIST."""
     recorded = checkpoint.clients or {}
     if not recorded.get("split_sizes"):  # a reference algorithm's, or an earlier version's
         return None
-    key = PartitionKey.from_config(config, recorded["num_clients"])
+    num_clients = recorded["num_clients"]
     try:
-        sizes, digests = partition_facts(key, checkpoint.compares_digests)
-        checkpoint.check_clients(recorded["num_clients"], sizes, digests)
+        key = PartitionKey.from_config(config, num_clients)
+        sizes = _released(split_sizes, key)
+        checkpoint.check_clients(num_clients, sizes)
+        if checkpoint.compares_digests:
+            checkpoint.check_clients(num_clients, sizes, _released(split_digests, key))
     except ConfigError as err:
         return str(err)
     except Exception as err:  # noqa: BLE001 - unreadable data: the resume would fail too
@@ -552,23 +556,14 @@ def data_problem(checkpoint: Checkpoint, config: RunConfig) -> str | None:
     return None
 
 
-_PARTITION_FACTS: dict[tuple[PartitionKey, bool], tuple[dict, dict]] = {}
-
-
-def partition_facts(
-    key: PartitionKey, with_digests: bool
-) -> tuple[dict[int, tuple[int, int]], dict[int, str]]:
-    """Every partition's split sizes and, when asked, content digests, as the ServerApp
-    computes them; kept for this invocation (the grid decides each run twice), the
-    dataset itself released after."""
-    if (key, with_digests) not in _PARTITION_FACTS:
-        try:
-            sizes = split_sizes(key)
-            digests = split_digests(key) if with_digests and sizes else {}
-        finally:
-            federated_dataset.cache_clear()  # the runner keeps no dataset open
-        _PARTITION_FACTS[key, with_digests] = sizes, digests
-    return _PARTITION_FACTS[key, with_digests]
+@cache
+def _released(compute: Callable[[PartitionKey], dict], key: PartitionKey) -> dict:
+    """``compute(key)`` once per invocation (the grid decides each run twice), without
+    keeping the dataset open in the runner (an error is not kept: it is raised again)."""
+    try:
+        return compute(key)
+    finally:
+        federated_dataset.cache_clear()
 
 
 def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
