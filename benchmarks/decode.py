@@ -2,10 +2,11 @@
 invocation, interleaved (before, now, before, now, ...) so that a drifting machine shows.
 
 *Before*: the image column fetched lazily and iterated row by row, and every image
-converted to the wanted mode, even one already in it. *Now*: ``fedreg_app.data``'s
-``_decode_images`` (the column read in one slice, no conversion where the mode is
-already right). Both decode every partition's train split of one partitioning; the
-pixels must be identical. Every client decodes its partition this way once, and the
+converted to the wanted mode, even one already in it; the labels read through numpy
+from the lazy column, row by row. *Now*: ``fedreg_app.data``'s ``_to_tensors`` (each
+column read in one slice, no conversion where the mode is already right; the labels
+since session 28). Both decode every partition's train split of one partitioning; the
+pixels and labels must be identical. Every client decodes its partition this way once, and the
 ServerApp decodes them all at a run's start for their content digests.
 
     python benchmarks/decode.py --dataset-path ../shared/data/fashion_mnist --clients 50
@@ -22,12 +23,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fedreg_app.data import PartitionKey, _decode_images, client_splits, load_info
+from fedreg_app.data import PartitionKey, TensorData, _to_tensors, client_splits, load_info
 from fedreg_app.registry import load_config
 
 
-def decode_before(ds, channels: int) -> torch.Tensor:
-    """The decoding as it was: a lazy column iterated, every image converted."""
+def decode_before(ds, channels: int) -> TensorData:
+    """The decoding as it was: lazy columns iterated, every image converted."""
     from datasets import Image as ImageFeature
 
     raw = ds.cast_column("image", ImageFeature(decode=False))["image"]
@@ -35,7 +36,8 @@ def decode_before(ds, channels: int) -> torch.Tensor:
     mode = "L" if channels == 1 else "RGB"
     pixels = np.stack([np.asarray(img.convert(mode), dtype=np.uint8) for img in images])
     pixels = pixels[:, None, :, :] if pixels.ndim == 3 else pixels.transpose(0, 3, 1, 2)
-    return torch.from_numpy(np.ascontiguousarray(pixels))
+    labels = torch.as_tensor(np.asarray(ds["label"], dtype=np.int64))
+    return TensorData(x=torch.from_numpy(np.ascontiguousarray(pixels)), y=labels)
 
 
 def main() -> None:
@@ -51,13 +53,16 @@ def main() -> None:
     splits = [client_splits(key, p)["train"] for p in range(args.clients)]
     images = sum(len(s) for s in splits)
     times: dict[str, list[float]] = {"before": [], "now": []}
-    decoded: dict[str, list[torch.Tensor]] = {}
+    decoded: dict[str, list[TensorData]] = {}
     for _ in range(args.repeats):
-        for name, decode in (("before", decode_before), ("now", _decode_images)):
+        for name, decode in (("before", decode_before), ("now", _to_tensors)):
             started = time.perf_counter()
             decoded[name] = [decode(split, channels) for split in splits]
             times[name].append(time.perf_counter() - started)
-    identical = all(torch.equal(a, b) for a, b in zip(*decoded.values(), strict=True))
+    identical = all(
+        torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+        for a, b in zip(*decoded.values(), strict=True)
+    )
     before, now = (statistics.median(times[k]) for k in ("before", "now"))
     for name, values in times.items():
         print(f"{name}: " + " ".join(f"{v:.2f}s" for v in values))

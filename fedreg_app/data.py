@@ -401,10 +401,13 @@ def _pixels(image: Image.Image, mode: str) -> np.ndarray:
 
 
 def _to_tensors(ds: Dataset, channels: int) -> TensorData:
+    """A split's samples as tensors. Columns are read in one slice each: ``datasets``
+    4 gives a lazy column that numpy iterates row by row (1.7 s for Fashion-MNIST's
+    70,000 labels, 0.2 s sliced)."""
     if TEXT in ds.features:
-        labels = encode_text([c[:1] or " " for c in ds["label"]]).reshape(-1).long()
-        return TensorData(x=encode_text(ds[TEXT]), y=labels)
-    labels = torch.as_tensor(np.asarray(ds["label"], dtype=np.int64))
+        labels = encode_text([c[:1] or " " for c in ds["label"][:]]).reshape(-1).long()
+        return TensorData(x=encode_text(ds[TEXT][:]), y=labels)
+    labels = torch.as_tensor(np.asarray(ds["label"][:], dtype=np.int64))  # one slice
     return TensorData(x=_decode_images(ds, channels), y=labels)
 
 

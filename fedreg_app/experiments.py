@@ -545,25 +545,24 @@ def data_problem(checkpoint: Checkpoint, config: RunConfig) -> str | None:
     num_clients = recorded["num_clients"]
     try:
         key = PartitionKey.from_config(config, num_clients)
-        sizes = _released(split_sizes, key)
+        sizes = _once(split_sizes, key)
         checkpoint.check_clients(num_clients, sizes)
         if checkpoint.compares_digests:
-            checkpoint.check_clients(num_clients, sizes, _released(split_digests, key))
+            checkpoint.check_clients(num_clients, sizes, _once(split_digests, key))
     except ConfigError as err:
         return str(err)
     except Exception as err:  # noqa: BLE001 - unreadable data: the resume would fail too
         return f"its data cannot be read ({type(err).__name__}: {first_line(str(err))})"
+    finally:
+        federated_dataset.cache_clear()  # the runner keeps no dataset open
     return None
 
 
 @cache
-def _released(compute: Callable[[PartitionKey], dict], key: PartitionKey) -> dict:
-    """``compute(key)`` once per invocation (the grid decides each run twice), without
-    keeping the dataset open in the runner (an error is not kept: it is raised again)."""
-    try:
-        return compute(key)
-    finally:
-        federated_dataset.cache_clear()
+def _once(compute: Callable[[PartitionKey], dict], key: PartitionKey) -> dict:
+    """``compute(key)`` once per invocation: the grid decides each run twice (an error
+    is not kept, it is raised again)."""
+    return compute(key)
 
 
 def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
