@@ -6,8 +6,9 @@ converted to the wanted mode, even one already in it; the labels read through nu
 from the lazy column, row by row. *Now*: ``fedreg_app.data``'s ``_to_tensors`` (each
 column read in one slice, no conversion where the mode is already right; the labels
 since session 28). Both decode every partition's train split of one partitioning; the
-pixels and labels must be identical. Every client decodes its partition this way once, and the
-ServerApp decodes them all at a run's start for their content digests.
+pixels and labels must be identical. Every client decodes its partition this way once,
+and the ServerApp (and ``fedreg-experiment``, before it resumes a run) decodes them all
+for their content digests.
 
     python benchmarks/decode.py --dataset-path ../shared/data/fashion_mnist --clients 50
 """

@@ -1074,8 +1074,8 @@ def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
     invocation started Ray for a run that was refused again. Now the runner compares the
     checkpoint's partitions (sizes, content digests) with the data at its path first: a
     copy with one pixel changed is named and not run, the folder left as it was; with
-    ``--restart-damaged`` it starts anew (not when the data only cannot be
-    read). A copy of the same samples in other files resumes."""
+    ``--restart-damaged`` it starts anew (not when the data only cannot be read). A
+    copy of the same samples in other files resumes."""
     data = copy_dataset(grey_dataset, tmp_path / "data")
     config = tiny_config(tmp_path, data, algo="fedreg", rounds=3, seeds=1)
     out = tmp_path / "out"
@@ -1102,7 +1102,7 @@ def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {})
     assert main([str(config), "--out", str(out)]) == 1
-    assert FakeSuperLink.started == []  # no Ray, no ServerApp
+    assert FakeSuperLink.started == []  # no run submitted
     assert "now holds other samples" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     train = data / "train.parquet"
