@@ -527,7 +527,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
             return _damaged(folder, problem, restart_damaged)
     try:
         changed = data_change(checkpoint, config)
-    except (ConfigError, OSError, ValueError) as err:  # nothing damaged: not started anew
+    except (OSError, ValueError) as err:  # ConfigError and DataError too: nothing damaged
         return Attempt(problem=(
             f"cannot resume {folder}: its data cannot be read ({first_line(str(err))}); the "
             "folder is left as it is: run the same command once dataset-path is readable"
