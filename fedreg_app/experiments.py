@@ -547,7 +547,7 @@ def data_change(checkpoint: Checkpoint, config: RunConfig) -> str | None:
     the content digests, about 9 s for Fashion-MNIST. Raises what reading the data raises:
     data that cannot be read are not data that changed."""
     recorded = checkpoint.clients or {}
-    if not recorded.get("split_sizes"):  # a reference algorithm's, or an earlier version's
+    if not recorded.get("split_sizes"):  # an earlier version's (a reference's, until session 29)
         return None
     num_clients = recorded["num_clients"]
     key = PartitionKey.from_config(config, num_clients)

@@ -768,11 +768,10 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
-    if not algorithm.reference:  # one partitioning of the clients' data
-        strategy.split_sizes = split_sizes(key)
+    strategy.split_sizes = split_sizes(key)  # one partitioning, references' too
     if checkpoint is not None:  # before any training (and any decoding): the same sizes
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
-    digests = strategy.split_digests = {} if algorithm.reference else split_digests(key)
+    digests = strategy.split_digests = split_digests(key)
     if checkpoint is not None:  # and the same samples
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes, digests)
         if not (checkpoint.clients or {}).get("split_digests"):

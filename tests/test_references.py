@@ -13,9 +13,10 @@ import torch
 
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
-from fedreg_app.data import PartitionKey, load_union_split
+from fedreg_app.data import PartitionKey, data_digest, load_union_split, split_digests
 from fedreg_app.models import BASE, HEAD_G
 from fedreg_app.registry import get_algorithm, load_config
+from tests.fake_data import copy_dataset
 from tests.inprocess import ServerKilled, results, run_server
 
 
@@ -135,3 +136,51 @@ def test_the_reference_algorithms_keep_what_they_should(grey_dataset: Path) -> N
     assert local.keeps_state(config)
     assert not get_algorithm("centralised").client.keeps_state(config)
     assert json.dumps(get_algorithm("local").strategy.group_weights) == "{}"
+
+
+@pytest.mark.parametrize("algo", ["local", "centralised"])
+def test_the_references_check_their_clients_data_as_the_federated_algorithms_do(
+    grey_dataset: Path, tmp_path: Path, algo: str
+) -> None:
+    """The references computed no partitioning in the ServerApp, so their records named
+    no data (a reference beside a federated run could not be shown to read the same
+    samples), a node whose copy held other samples was counted, and a resume on a
+    replaced dataset trained on. Now they are checked as every other algorithm is."""
+    repainted = copy_dataset(grey_dataset, tmp_path / "repainted", repaint=5)
+    ours, theirs = (
+        split_digests(
+            PartitionKey.from_config(load_config(reference_config(data, tmp_path, algo)), 4)
+        )
+        for data in (grey_dataset, repainted)
+    )
+    [changed] = [p for p in ours if ours[p] != theirs[p]]
+    # the record names the partitioning, the same digest as any algorithm's on it
+    whole = tmp_path / "whole"
+    assert run_server(reference_config(grey_dataset, whole, algo))[1] is None
+    assert the_run(whole)["run"]["data_digest"] == data_digest(ours)
+    # a node reading other samples of the same sizes: its replies refused and named
+    node = tmp_path / "node"
+    config = reference_config(grey_dataset, node, algo)
+    assert run_server(config, node_config={"dataset-path": str(repainted)})[1] is None
+    document = the_run(node)
+    assert document["run"]["status"] == "degraded"
+    errors = [e for r in document["rounds"] for e in r["errors"]]
+    assert errors and all(e["partitions"] == [changed] for e in errors), errors
+    assert all("the node's dataset-path holds other data" in e["error"] for e in errors)
+    assert all(str(changed) not in r["client_accuracies"] for r in document["rounds"])
+    # a resume on the replaced dataset: refused before any work, the folder untouched
+    killed = reference_config(grey_dataset, tmp_path / "killed", algo)
+    assert isinstance(run_server(killed, kill_after=("evaluate", 2, 1))[1], ServerKilled)
+    [folder] = list((tmp_path / "killed" / "results").glob("*/"))
+    before = (folder / "results.json").read_bytes()
+    resumed = {**killed, "resume": str(folder), "dataset-path": str(repainted),
+               "results-dir": str(tmp_path / "refused")}  # fmt: skip
+    grid, stopped = run_server(resumed, run_id=2)
+    assert isinstance(stopped, ConfigError) and "now holds other samples" in str(stopped)
+    assert not [d for d in grid.delivered if d[0] in ("train", "evaluate")]
+    assert (folder / "results.json").read_bytes() == before
+    # and on its own data it ends as the uninterrupted run
+    assert run_server({**killed, "resume": str(folder)}, run_id=3)[1] is None
+    rounds = [[(r["personal_accuracy"], r["global_accuracy"]) for r in the_run(p)["rounds"]]
+              for p in (whole, tmp_path / "killed")]  # fmt: skip
+    assert len(rounds[0]) == 2 and rounds[0] == rounds[1]
