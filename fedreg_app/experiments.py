@@ -403,6 +403,13 @@ class Attempt:
     note: str | None = None
     problem: str | None = None
     status: str = ""
+    #: Whether ``problem`` is a damaged checkpoint, which ``--restart-damaged`` starts anew
+    #: (a folder in use, or data that cannot be read, stop the run whatever the flags).
+    damaged: bool = False
+
+    def refused(self, restart_damaged: bool) -> bool:
+        """Whether the run cannot go on in this invocation."""
+        return self.problem is not None and not (self.damaged and restart_damaged)
 
 
 #: What a marker may say: why the runner stopped the run, or why it started it anew.
@@ -636,7 +643,7 @@ def _damaged(folder: Path, error: str, restart: bool) -> Attempt:
     return Attempt(problem=(
         f"cannot resume {folder}: {error}\n    the folder is left as it is; add "
         "--restart-damaged to start this run anew in a fresh folder"
-    ))  # fmt: skip
+    ), damaged=True)  # fmt: skip
 
 
 # ------------------------------------------------------------------ progress
@@ -907,16 +914,17 @@ def run_all(
     """Run what is not finished yet, one run at a time, through one SuperLink (each client
     actor reserving ``resources``), resuming interrupted runs from their checkpoints;
     returns the runs that are still not finished (failed, not resumable, or no
-    results.json). Raises :class:`Stop` when stopped early, after the SuperLink and
-    everything it started are stopped."""
+    results.json). No SuperLink is started when every pending run is refused (a damaged
+    checkpoint, changed or unreadable data, a folder in use). Raises :class:`Stop` when
+    stopped early, after the SuperLink and everything it started are stopped."""
     limits = limits or Limits()
     declared = declared if declared is not None else declared_run_config()
-    ahead = {}
+    attempts = {}  # each pending run's prospect, nothing changed on disk yet
     for spec in specs:
         spec.result = spec.finished_results()
-        if spec.result is None:  # the round its checkpoint lets it resume after (or 0)
-            ahead[id(spec)] = decide(spec, declared, restart_damaged=False).after_round
-    progress = Progress(specs, ahead)
+        if spec.result is None:
+            attempts[id(spec)] = decide(spec, declared, restart_damaged=False)
+    progress = Progress(specs, {key: a.after_round for key, a in attempts.items()})
     pending = [spec for spec in specs if spec.result is None]
     print(
         f"{len(specs) - len(pending)} of {len(specs)} runs already finished; {len(pending)} to run"
@@ -924,10 +932,15 @@ def run_all(
     if not pending:
         return []
     session = Session(progress, limits, len(specs), poll_seconds, declared)
+    first = len(specs) - len(pending) + 1
+    if all(attempts[id(spec)].refused(limits.restart_damaged) for spec in pending):
+        for spec in pending:  # named as below, with no SuperLink started for nothing
+            session.refuse(spec, attempts[id(spec)].problem or "")
+        return pending
     try:
         with LocalSuperLink(home, resources=resources) as superlink:
             try:
-                for index, spec in enumerate(pending, start=len(specs) - len(pending) + 1):
+                for index, spec in enumerate(pending, start=first):
                     session.run(superlink, index, spec)
             except Stop as stop:
                 session.mark_stopped(stop)  # before the SuperLink goes
@@ -986,9 +999,7 @@ class Session:
             raise Stop("stopped by --max-minutes", EXIT_TIME_UP)
         attempt = decide(spec, self.declared, self.limits.restart_damaged)
         if attempt.problem:
-            spec.problem = attempt.problem
-            print(f"not run: {spec.describe()}: {attempt.problem}", file=sys.stderr, flush=True)
-            self.progress.close(spec, 0)
+            self.refuse(spec, attempt.problem)
             return
         if attempt.note:
             print(f"{spec.describe()}: {attempt.note}", flush=True)
@@ -1038,6 +1049,12 @@ class Session:
         if spec.own_state_dir and spec.state_dir is not None:
             shutil.rmtree(spec.state_dir, ignore_errors=True)  # only a resume would need it
         print(f"done: {done_line(spec)}", flush=True)
+
+    def refuse(self, spec: RunSpec, problem: str) -> None:
+        """Name a run that cannot go on, and why; it stays unfinished."""
+        spec.problem = problem
+        print(f"not run: {spec.describe()}: {problem}", file=sys.stderr, flush=True)
+        self.progress.close(spec, 0)
 
     def mark_stopped(self, stop: Stop) -> None:
         """Note in the run folder in progress that the runner stopped it, so that the

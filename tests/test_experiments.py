@@ -481,6 +481,7 @@ class FakeSuperLink:
     leave what the test says (a failed results.json, a degraded one, or nothing)."""
 
     started: list[str] = []
+    entered = 0  # how many times the runner started it
     options: dict[str, Any] = {}  # what the runner built the SuperLink with
     outcome: dict[str, str] = {}  # seed folder name -> status written by the "run"
 
@@ -489,6 +490,7 @@ class FakeSuperLink:
         FakeSuperLink.options = options
 
     def __enter__(self) -> FakeSuperLink:
+        FakeSuperLink.entered += 1
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1073,9 +1075,10 @@ def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
     learnt of it from a failed run: ``--dry-run`` promised the resume, and every
     invocation started Ray for a run that was refused again. Now the runner compares the
     checkpoint's partitions (sizes, content digests) with the data at its path first: a
-    copy with one pixel changed is named and not run, the folder left as it was; with
-    ``--restart-damaged`` it starts anew (not when the data only cannot be read). A
-    copy of the same samples in other files resumes."""
+    copy with one pixel changed is named and not run, the folder left as it was, and
+    with no other run to do no SuperLink is started; with ``--restart-damaged`` it
+    starts anew (not when the data only cannot be read). A copy of the same samples in
+    other files resumes."""
     data = copy_dataset(grey_dataset, tmp_path / "data")
     config = tiny_config(tmp_path, data, algo="fedreg", rounds=3, seeds=1)
     out = tmp_path / "out"
@@ -1101,9 +1104,17 @@ def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
     monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {})
+    monkeypatch.setattr(FakeSuperLink, "entered", 0)
     assert main([str(config), "--out", str(out)]) == 1
     assert FakeSuperLink.started == []  # no run submitted
+    assert FakeSuperLink.entered == 0  # nor a SuperLink started for nothing
     assert "now holds other samples" in capsys.readouterr().err
+    assert main([str(config), "--out", str(out), "--restart-damaged"]) == 1  # no outcome
+    assert FakeSuperLink.entered == 1 and len(FakeSuperLink.started) == 1  # started anew
+    assert read_marker(folder)["abandoned"]
+    shutil.rmtree(out)
+    folder = interrupted_run(spec, "stopped")
+    checkpoint.save(folder)
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     train = data / "train.parquet"
     intact = train.read_bytes()
