@@ -66,6 +66,7 @@ from fedreg_app.config import ConfigError, RunConfig, is_count, setting_differen
 from fedreg_app.data import PartitionKey, federated_dataset, split_digests, split_sizes
 from fedreg_app.launcher import (
     ONE_CPU,
+    SUPERLINK_HOME,
     ClientResources,
     LocalSuperLink,
     add_resource_arguments,
@@ -1238,7 +1239,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = Limits(deadline, args.restart_damaged)
     try:
         with exclusive_out(args.out), stop_on_signals():
-            run_all(specs, args.out / ".flwr_home", limits=limits, declared=declared,
+            run_all(specs, args.out / SUPERLINK_HOME, limits=limits, declared=declared,
                     resources=resources)  # fmt: skip
     except FolderInUseError as busy:
         print(f"fedreg-experiment: {busy}", file=sys.stderr, flush=True)

@@ -40,6 +40,10 @@ QUIET_OFFLINE_ENV = {
 }
 
 
+#: The folder under a runner's or a replay's output where its SuperLink keeps its home.
+SUPERLINK_HOME = ".flwr_home"
+
+
 def stage_app(app: Path, target: Path) -> Path:
     """A copy of the app's source files in ``target`` (replaced), for ``flwr run``.
 
@@ -48,7 +52,10 @@ def stage_app(app: Path, target: Path) -> Path:
     7 s of every run here. The copy keeps what Flower's own rules would put in a FAB (its
     include patterns, less what ``.gitignore`` names: the venv, the results, the
     experiments) and the ``.gitignore`` itself, so the FAB built from it is the one
-    ``flwr run`` would build from the app; Flower filters the copy again as usual."""
+    ``flwr run`` would build from the app; Flower filters the copy again as usual. An
+    output folder inside the app (a ``--out`` of the runner or a replay: one that holds a
+    ``.flwr_home``) is left out too, whatever ``.gitignore`` says: its run records and
+    earlier staged copies are not the app, and ``target`` may lie in it."""
     from flwr.cli.utils import build_pathspec, load_gitignore_patterns
     from flwr.common.constant import FAB_INCLUDE_PATTERNS
 
@@ -58,8 +65,10 @@ def stage_app(app: Path, target: Path) -> Path:
     for folder, subfolders, files in os.walk(app):
         relative = Path(folder).relative_to(app)
         subfolders[:] = [
-            d for d in subfolders if not ignored.match_file(f"{(relative / d).as_posix()}/")
-        ]
+            d for d in subfolders
+            if not ignored.match_file(f"{(relative / d).as_posix()}/")
+            and not (Path(folder) / d / SUPERLINK_HOME).exists()
+        ]  # fmt: skip
         for name in files:
             path = (relative / name).as_posix()
             wanted = path == ".gitignore" or (

@@ -43,6 +43,7 @@ from fedreg_app.environment import client_devices, describe_environment, environ
 from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
 from fedreg_app.launcher import (
     ONE_CPU,
+    SUPERLINK_HOME,
     ClientResources,
     LocalSuperLink,
     add_resource_arguments,
@@ -70,6 +71,9 @@ SETTABLE = ("dataset-path", "init-model")
 #: Keys two runs of the same config may differ in: where they read and wrote.
 LOCATIONS = (*SETTABLE, "results-dir", "state-dir", "resume")
 EXIT_DIFFERENT = 1
+#: The replay ended before the asked round (it failed to start, or its run failed): what
+#: it replayed is compared, but the rounds it never reached are no numeric difference.
+EXIT_ENDED_EARLY = 3
 MAX_ROWS = 40  # difference rows printed; the rest are counted
 
 
@@ -309,12 +313,14 @@ def difference_table(differences: list[Difference],
 
 
 def summary_line(rounds: int, differences: list[Difference], largest: float,
-                 source: Path) -> str:  # fmt: skip
-    """``replay: rounds=N identical=... max_abs_diff=... [differing_rounds=...] source=...``"""
+                 source: Path, replayed: int | None = None) -> str:  # fmt: skip
+    """``replay: rounds=N [replayed=K] identical=... max_abs_diff=... [differing_rounds=...]
+    source=...``: ``replayed`` only where the replay ended before round N."""
     differing = sorted({d.round for d in differences})
     where = f" differing_rounds={','.join(map(str, differing))}" if differing else ""
+    reached = f" replayed={replayed}" if replayed is not None and replayed < rounds else ""
     return (
-        f"replay: rounds={rounds} identical={'false' if differences else 'true'} "
+        f"replay: rounds={rounds}{reached} identical={'false' if differences else 'true'} "
         f"max_abs_diff={largest:.6g}{where} source={source}"
     )
 
@@ -460,7 +466,7 @@ def run_until_round(
     everything it started, by PID. Returns the replay's round records and its ``run``
     section (empty if it wrote no results.json)."""
     results_dir = Path(run_config["results-dir"])
-    with LocalSuperLink(folder / ".flwr_home", resources=resources) as superlink:
+    with LocalSuperLink(folder / SUPERLINK_HOME, resources=resources) as superlink:
         config_file = write_run_config(run_config, folder)
         polling = superlink.run_polling(str(config_file), clients, folder / "flwr.log",
                                         poll_seconds)  # fmt: skip
@@ -500,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Rerun the first rounds of a recorded run from its results.json and "
         "check that they give the same per-round figures.",
         epilog="Exit status: 0 identical; 1 some difference; 2 bad arguments or results "
-        "file; 130/143 stopped by SIGINT/SIGTERM.",
+        "file; 3 the replay ended before the asked round (see its flwr.log); 130/143 "
+        "stopped by SIGINT/SIGTERM.",
     )
     parser.add_argument("results", type=Path, help="a run's results.json (or its folder)")
     parser.add_argument("--rounds", type=int,
@@ -600,13 +607,14 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def report(recording: Recording, replayed: list[dict[str, Any]], run: dict[str, Any],
            rounds: int, folder: Path, keep: bool) -> int:  # fmt: skip
-    """Print the comparison and the summary line; 0 when identical, else 1."""
+    """Print the comparison and the summary line; 0 when identical, 3 when the replay
+    ended before round ``rounds`` (a failed start is not a numeric difference), else 1."""
     for note in data_notes(recording.run, run):
         print(f"replay: note: {note}", flush=True)
     differences = compare_rounds(recording.rounds, replayed, rounds)
     print(round_table(recording.rounds, replayed, rounds))
-    ended = _ended_early(run, len([r for r in replayed if r.get("round", 0) <= rounds]),
-                         rounds, folder)  # fmt: skip
+    reached = len([r for r in replayed if r.get("round", 0) <= rounds])
+    ended = _ended_early(run, reached, rounds, folder)
     if ended:
         print(f"replay: {ended}", file=sys.stderr)
     if differences:
@@ -616,7 +624,9 @@ def report(recording: Recording, replayed: list[dict[str, Any]], run: dict[str, 
     else:
         shutil.rmtree(folder, ignore_errors=True)
     largest = max_abs_diff(differences)
-    print(summary_line(rounds, differences, largest, recording.path), flush=True)
+    print(summary_line(rounds, differences, largest, recording.path, reached), flush=True)
+    if ended:
+        return EXIT_ENDED_EARLY
     return EXIT_DIFFERENT if differences else 0
 
 

@@ -870,12 +870,7 @@ def run(grid: Grid, context: Context) -> None:
         raise
     status = writer.finish()
     summary = writer.summary()
-    log(
-        INFO,
-        "run %s | best global %.4f | best personal %s | %s",
-        status,
-        summary["best_global_accuracy"] or 0.0,
-        "-" if summary["best_personal_accuracy"] is None
-        else f"{summary['best_personal_accuracy']:.4f}",
-        writer.json_path,
-    )  # fmt: skip
+    best_g, best_p = (summary[f"best_{kind}_accuracy"] for kind in ("global", "personal"))
+    log(INFO, "run %s | best global %s | best personal %s | %s", status,
+        "-" if best_g is None else f"{best_g:.4f}", "-" if best_p is None else f"{best_p:.4f}",
+        writer.json_path)  # fmt: skip

@@ -70,6 +70,33 @@ def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
     assert not (staged / "stale.py").exists()
 
 
+def test_flower_homes_and_outputs_inside_the_app_folder_are_not_packed(tmp_path: Path) -> None:
+    """A user's ``FLWR_HOME`` inside the checkout got every installed copy of the app
+    packed into the next FAB (111, 221, 441 files) until Flower refused a path deeper
+    than 10 folders; a runner's or replay's ``--out`` inside it was copied into its own
+    staged app (``det/.flwr_home/app/...``) with every run record under it. The project's
+    ``.gitignore`` leaves Flower homes out of any FAB, and the staged copy leaves out
+    every folder holding a ``.flwr_home``: only the app's own files are packed."""
+    app = small_app(tmp_path)
+    shutil.copy(PROJECT / ".gitignore", app / ".gitignore")  # the project's own rules
+    installed = app / "myhome" / "apps" / "fedreg.fedreg-app.0.1.0.2eea62cf"
+    for folder in (installed / "fedreg_app", app / "det" / ".flwr_home" / "app" / "fedreg_app",
+                   app / "det" / "tiny" / "fedreg" / "seed0" / "run1"):  # fmt: skip
+        folder.mkdir(parents=True)
+    (installed / "fedreg_app" / "server_app.py").write_text("app = None\n")
+    (installed / "pyproject.toml").write_text("")
+    (app / "myhome" / "config.toml").write_text("")
+    (app / "det" / ".flwr_home" / "app" / "fedreg_app" / "server_app.py").write_text("")
+    (app / "det" / "tiny" / "fedreg" / "seed0" / "run1" / "results.json").write_text("{}")
+    (app / "det" / "summary.md").write_text("")
+    packed = set(fab_files(build_fab_from_disk(app)))
+    assert not {name for name in packed if "/apps/" in name or ".flwr_home" in name}, packed
+    staged = stage_app(app, app / "det" / ".flwr_home" / "app")
+    copied = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
+    assert not {name for name in copied if name.startswith(("det/", "myhome/apps/"))}, copied
+    assert {"fedreg_app/server_app.py", "pyproject.toml"} <= copied
+
+
 class SuperLinkWithoutSuperExec(LocalSuperLink):
     """A SuperLink that starts no SuperExec: a run submitted to it stays pending, as one
     does when ``fedreg-experiment`` is stopped just after it submitted the run."""

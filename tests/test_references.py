@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,12 @@ def the_run(tmp_path: Path) -> dict[str, Any]:
 
 
 def test_local_training_sends_no_parameters_and_reports_no_global_accuracy(
-    grey_dataset: Path, tmp_path: Path
+    grey_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO)
     grid, stopped = run_server(reference_config(grey_dataset, tmp_path, "local"))
     assert stopped is None
+    assert "run completed | best global - | best personal 0." in caplog.text  # not 0.0000
     document = the_run(tmp_path)
     assert document["run"]["status"] == "completed"
     assert document["run"]["global_evaluation"] == "none"
