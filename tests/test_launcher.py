@@ -89,8 +89,10 @@ def test_flower_homes_and_outputs_inside_the_app_folder_are_not_packed(tmp_path:
     (app / "det" / ".flwr_home" / "app" / "fedreg_app" / "server_app.py").write_text("")
     (app / "det" / "tiny" / "fedreg" / "seed0" / "run1" / "results.json").write_text("{}")
     (app / "det" / "summary.md").write_text("")
+    (app / "replays" / "replay-k11s85ck" / "results").mkdir(parents=True)  # fedreg-replay --out
+    (app / "replays" / "replay-k11s85ck" / "results" / "results.json").write_text("{}")
     packed = set(fab_files(build_fab_from_disk(app)))
-    assert not {name for name in packed if "/apps/" in name or ".flwr_home" in name}, packed
+    assert not {n for n in packed if "/apps/" in n or ".flwr_home" in n or "replay-" in n}, packed
     staged = stage_app(app, app / "det" / ".flwr_home" / "app")
     copied = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
     assert not {name for name in copied if name.startswith(("det/", "myhome/apps/"))}, copied
