@@ -405,12 +405,15 @@ class Attempt:
     problem: str | None = None
     status: str = ""
     #: Whether ``problem`` is a damaged checkpoint, which ``--restart-damaged`` starts anew
-    #: (a folder in use, or data that cannot be read, stop the run whatever the flags).
+    #: (data that cannot be read stop the run whatever the flags).
     damaged: bool = False
+    #: Whether ``problem`` is a folder another process holds: it may let go any moment
+    #: (a killed runner's ServerApp still exiting), so the run is decided again later.
+    busy: bool = False
 
     def refused(self, restart_damaged: bool) -> bool:
-        """Whether the run cannot go on in this invocation."""
-        return self.problem is not None and not (self.damaged and restart_damaged)
+        """Whether the run surely cannot go on in this invocation."""
+        return self.problem is not None and not self.busy and not (self.damaged and restart_damaged)
 
 
 #: What a marker may say: why the runner stopped the run, or why it started it anew.
@@ -491,7 +494,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         return Attempt(problem=(
             f"{folder} is in use by {holder}: not resumed while that process writes it; "
             "stop it (by its PID) or let it end, then run the same command"
-        ))  # fmt: skip
+        ), busy=True)  # fmt: skip
     document = read_document(folder / "results.json")  # as the report reads it
     status = run_status(document)
     if status == UNREADABLE:
@@ -915,8 +918,9 @@ def run_all(
     """Run what is not finished yet, one run at a time, through one SuperLink (each client
     actor reserving ``resources``), resuming interrupted runs from their checkpoints;
     returns the runs that are still not finished (failed, not resumable, or no
-    results.json). No SuperLink is started when every pending run is refused (a damaged
-    checkpoint, changed or unreadable data, a folder in use). Raises :class:`Stop` when
+    results.json). No SuperLink is started when every pending run is surely refused (a
+    damaged checkpoint, changed or unreadable data; not a folder in use, which its holder
+    may release while the SuperLink starts: decided again then). Raises :class:`Stop` when
     stopped early, after the SuperLink and everything it started are stopped."""
     limits = limits or Limits()
     declared = declared if declared is not None else declared_run_config()

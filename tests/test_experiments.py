@@ -772,6 +772,34 @@ def test_a_run_folder_a_serverapp_still_writes_is_left_alone_even_with_restart_d
     assert decide(spec, DECLARED).resume == folder
 
 
+def test_a_folder_whose_holder_lets_go_while_the_superlink_starts_is_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder in use is no lasting refusal: after a runner is SIGKILLed its ServerApp
+    may still be exiting when the same command starts again. The runner starts its
+    SuperLink for such a run (though no other run is pending) and decides it again
+    then; a holder gone by then, the run is resumed, not named as failed."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    folder = interrupted_run(spec, "running")
+
+    class ReleasingSuperLink(FakeSuperLink):
+        def __enter__(self) -> FakeSuperLink:
+            os.kill(holder, signal.SIGKILL)  # the ServerApp ends as the SuperLink starts
+            deadline = time.monotonic() + 30
+            while persist.folder_holder(folder, persist.RUN_FOLDER_LOCK) is not None:
+                assert time.monotonic() < deadline, "the holder never let go"
+                time.sleep(0.05)
+            return super().__enter__()
+
+    monkeypatch.setattr(experiments, "LocalSuperLink", ReleasingSuperLink)
+    monkeypatch.setattr(FakeSuperLink, "started", [])
+    monkeypatch.setattr(FakeSuperLink, "outcome", {})
+    with held_elsewhere(folder) as holder:
+        assert decide(spec, DECLARED).problem  # in use when the runner looks first
+        experiments.run_all([spec], tmp_path / "home", declared=DECLARED)
+    assert FakeSuperLink.started == [spec.folder.name] and spec.problem is None
+
+
 def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path) -> None:
     killed, stopped, failed = one_cell_specs(tmp_path, 3)
     folder = interrupted_run(killed, "running")  # SIGKILL: no time to write anything
