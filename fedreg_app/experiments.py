@@ -396,15 +396,17 @@ def write_run_config(run_config: dict[str, Any], directory: Path) -> Path:
 class Attempt:
     """How a pending run goes on: resumed from a run folder's checkpoint (``resume``,
     after round ``after_round``), started anew (``resume`` None), or not at all
-    (``problem``: its checkpoint cannot be trusted). ``note`` says why, for the log;
-    ``status`` is the resumed run's recorded status."""
+    (``problem``: its folder cannot be trusted, its data changed or cannot be read, or
+    another process holds it). ``note`` says why, for the log; ``status`` is the resumed
+    run's recorded status."""
 
     resume: Path | None = None
     after_round: int = 0
     note: str | None = None
     problem: str | None = None
     status: str = ""
-    #: Whether ``problem`` is a damaged checkpoint, which ``--restart-damaged`` starts anew
+    #: Whether ``problem`` is one ``--restart-damaged`` starts anew: a folder that cannot be
+    #: trusted (checkpoint, results.json, runner.json, clients' state) or data that changed
     #: (data that cannot be read stop the run whatever the flags).
     damaged: bool = False
     #: Whether ``problem`` is a folder another process holds: it may let go any moment

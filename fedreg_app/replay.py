@@ -506,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Rerun the first rounds of a recorded run from its results.json and "
         "check that they give the same per-round figures.",
         epilog="Exit status: 0 identical; 1 some difference; 2 bad arguments or results "
-        "file; 3 the replay ended before the asked round (see its flwr.log); 130/143 "
+        "file; 3 the replay ended before the asked round, every round it reached identical; "
+        "130/143 "
         "stopped by SIGINT/SIGTERM.",
     )
     parser.add_argument("results", type=Path, help="a run's results.json (or its folder)")
@@ -607,8 +608,9 @@ def compare_recordings(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def report(recording: Recording, replayed: list[dict[str, Any]], run: dict[str, Any],
            rounds: int, folder: Path, keep: bool) -> int:  # fmt: skip
-    """Print the comparison and the summary line; 0 when identical, 3 when the replay
-    ended before round ``rounds`` (a failed start is not a numeric difference), else 1."""
+    """Print the comparison and the summary line; 0 when identical, 1 when a replayed
+    round differs, else 3 when the replay ended before round ``rounds`` (the rounds it
+    never reached are no numeric difference)."""
     for note in data_notes(recording.run, run):
         print(f"replay: note: {note}", flush=True)
     differences = compare_rounds(recording.rounds, replayed, rounds)
@@ -625,9 +627,9 @@ def report(recording: Recording, replayed: list[dict[str, Any]], run: dict[str, 
         shutil.rmtree(folder, ignore_errors=True)
     largest = max_abs_diff(differences)
     print(summary_line(rounds, differences, largest, recording.path, reached), flush=True)
-    if ended:
-        return EXIT_ENDED_EARLY
-    return EXIT_DIFFERENT if differences else 0
+    if any(d.round <= reached for d in differences):
+        return EXIT_DIFFERENT
+    return EXIT_ENDED_EARLY if ended else 0
 
 
 if __name__ == "__main__":

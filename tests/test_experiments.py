@@ -481,6 +481,7 @@ class FakeSuperLink:
     leave what the test says (a failed results.json, a degraded one, or nothing)."""
 
     started: list[str] = []
+    resumed: list[str] = []  # each submitted run's `resume` ("" for a start anew)
     entered = 0  # how many times the runner started it
     options: dict[str, Any] = {}  # what the runner built the SuperLink with
     outcome: dict[str, str] = {}  # seed folder name -> status written by the "run"
@@ -499,8 +500,10 @@ class FakeSuperLink:
     def run_polling(
         self, config_file: str, clients: int, log_path: Path, poll: float
     ) -> Iterator[None]:
-        folder = Path(tomllib.loads(Path(config_file).read_text())["results-dir"])
+        submitted = tomllib.loads(Path(config_file).read_text())
+        folder = Path(submitted["results-dir"])
         FakeSuperLink.started.append(folder.name)
+        FakeSuperLink.resumed.append(submitted.get("resume", ""))
         status = FakeSuperLink.outcome.get(folder.name)
         if status is not None:
             run = folder / "20250103-000000_run3"
@@ -794,10 +797,12 @@ def test_a_folder_whose_holder_lets_go_while_the_superlink_starts_is_resumed(
     monkeypatch.setattr(experiments, "LocalSuperLink", ReleasingSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {})
+    monkeypatch.setattr(FakeSuperLink, "resumed", [])
     with held_elsewhere(folder) as holder:
         assert decide(spec, DECLARED).problem  # in use when the runner looks first
         experiments.run_all([spec], tmp_path / "home", declared=DECLARED)
     assert FakeSuperLink.started == [spec.folder.name] and spec.problem is None
+    assert FakeSuperLink.resumed == [str(folder)]  # resumed from its checkpoint
 
 
 def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path) -> None:
@@ -1137,13 +1142,13 @@ def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
     assert FakeSuperLink.started == []  # no run submitted
     assert FakeSuperLink.entered == 0  # nor a SuperLink started for nothing
     assert "now holds other samples" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
     assert main([str(config), "--out", str(out), "--restart-damaged"]) == 1  # no outcome
     assert FakeSuperLink.entered == 1 and len(FakeSuperLink.started) == 1  # started anew
     assert read_marker(folder)["abandoned"]
     shutil.rmtree(out)
     folder = interrupted_run(spec, "stopped")
-    checkpoint.save(folder)
-    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    checkpoint.save(folder)  # the changed data's run again, for the unreadable case
     train = data / "train.parquet"
     intact = train.read_bytes()
     train.write_bytes(intact[: len(intact) // 2])  # unreadable, not changed: kept for later

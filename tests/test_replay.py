@@ -473,25 +473,31 @@ def test_replay_refuses_client_gpus_without_a_gpu_before_running(
     )
 
 
+FAILED_RUN = {"status": "failed", "error": "OSError: disk full"}
+
+
 @pytest.mark.parametrize(
-    ("replayed", "run", "said"),
+    ("replayed", "run", "said", "exit_code", "differing"),
     [
-        ([], {}, "the replay wrote no results.json; see "),
-        ([round_record(1)], {"status": "failed", "error": "OSError: disk full"},
-         "the replay ended after round 1 (failed: OSError: disk full)"),
+        ([], {}, "the replay wrote no results.json; see ", 3, "1,2"),
+        ([round_record(1)], FAILED_RUN,
+         "the replay ended after round 1 (failed: OSError: disk full)", 3, "2"),
+        ([round_record(1, g=0.25)], FAILED_RUN, "the replay ended after round 1", 1, "1,2"),
     ],
 )  # fmt: skip
 def test_a_replay_that_ends_early_is_not_reported_as_a_numeric_difference(
-    tmp_path: Path, capsys, monkeypatch, replayed: list, run: dict, said: str
-) -> None:
+    tmp_path: Path, capsys, monkeypatch, replayed: list, run: dict, said: str,
+    exit_code: int, differing: str,
+) -> None:  # fmt: skip
     """A replay whose start failed (a FAB Flower refused) printed `identical=false
     max_abs_diff=0` and exit 1, as if its figures differed. Now the summary says how far
-    it got (`replayed=K`) and it exits 3; the rounds it did replay are still compared."""
+    it got (`replayed=K`) and it exits 3; a round it did replay that differs still
+    exits 1."""
     source = results_file(tmp_path)
     monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: (replayed, run))
-    assert main([str(source), "--rounds", "2", "--out", str(tmp_path / "out")]) == 3
+    assert main([str(source), "--rounds", "2", "--out", str(tmp_path / "out")]) == exit_code
     captured = capsys.readouterr()
     assert said in captured.err
     line = captured.out.rstrip().splitlines()[-1]
     assert line.startswith(f"replay: rounds=2 replayed={len(replayed)} identical=false ")
-    assert f"differing_rounds={'2' if replayed else '1,2'} " in line  # round 1 replayed: equal
+    assert f"differing_rounds={differing} " in line
