@@ -38,6 +38,9 @@ def small_app(root: Path) -> Path:
     (app / "README.md").write_text("# app\n")
     (app / "fedreg_app" / "__init__.py").write_text("")
     (app / "fedreg_app" / "server_app.py").write_text("app = None\n")
+    for package in ("strategies", "clients"):
+        (app / package).mkdir()
+        (app / package / "__init__.py").write_text("")
     (app / "configs").mkdir()
     (app / "configs" / "grid.toml").write_text("alpha = 0.1\n")
     (app / "docs").mkdir()
@@ -60,14 +63,26 @@ def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
     assert fab_files(build_fab_from_disk(staged)) == fab_files(build_fab_from_disk(app))
     copied = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
     assert copied == [
-        ".gitignore", "README.md", "configs/grid.toml", "fedreg_app/__init__.py",
-        "fedreg_app/server_app.py", "pyproject.toml", "tests/test_app.py",
+        ".gitignore", "README.md", "clients/__init__.py", "configs/grid.toml",
+        "fedreg_app/__init__.py", "fedreg_app/server_app.py", "pyproject.toml",
+        "strategies/__init__.py", "tests/test_app.py",
     ]  # fmt: skip
     (app / "README.md").write_text("# changed\n")
     (staged / "stale.py").write_text("")  # a copy is replaced whole, never merged
     stage_app(app, staged)
     assert (staged / "README.md").read_text() == "# changed\n"
     assert not (staged / "stale.py").exists()
+
+
+def test_the_projects_fab_holds_its_code_only(tmp_path: Path) -> None:
+    """The FAB every SuperNode (a Jetson-class board, say) downloads and installs held the
+    tests, docs, benchmarks, configs and the 2,400-line README: 111 files, 1.0 MB. The
+    project's ``fab-include`` keeps the three packages the apps import, and every one of
+    their modules."""
+    fab = fab_files(build_fab_from_disk(stage_app(PROJECT, tmp_path / "app")))
+    code = {p.relative_to(PROJECT).as_posix() for package in ("fedreg_app", "strategies",
+            "clients") for p in (PROJECT / package).rglob("*.py")}  # fmt: skip
+    assert set(fab) == {".info/CONTENT", "pyproject.toml", *code}
 
 
 def test_flower_homes_and_outputs_inside_the_app_folder_are_not_packed(tmp_path: Path) -> None:
@@ -93,6 +108,9 @@ def test_flower_homes_and_outputs_inside_the_app_folder_are_not_packed(tmp_path:
     (app / "replays" / "replay-k11s85ck" / "results" / "results.json").write_text("{}")
     packed = set(fab_files(build_fab_from_disk(app)))
     assert not {n for n in packed if "/apps/" in n or ".flwr_home" in n or "replay-" in n}, packed
+    # the project's fab-include: the app's code only, wherever else files lie
+    assert {n.split("/")[0] for n in packed} == {".info", "pyproject.toml", "fedreg_app",
+                                                 "strategies", "clients"}, packed  # fmt: skip
     staged = stage_app(app, app / "det" / ".flwr_home" / "app")
     copied = {p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file()}
     assert not {name for name in copied if name.startswith(("det/", "myhome/apps/"))}, copied
