@@ -507,8 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         "check that they give the same per-round figures.",
         epilog="Exit status: 0 identical; 1 some difference; 2 bad arguments or results "
         "file; 3 the replay ended before the asked round, every round it reached identical; "
-        "130/143 "
-        "stopped by SIGINT/SIGTERM.",
+        "130/143 stopped by SIGINT/SIGTERM.",
     )
     parser.add_argument("results", type=Path, help="a run's results.json (or its folder)")
     parser.add_argument("--rounds", type=int,
