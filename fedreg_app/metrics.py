@@ -415,9 +415,11 @@ class ResultsWriter:
             **({"environment": run["environment"]} if "environment" in run else {}),
         }]  # fmt: skip
         # What the interrupted attempt concluded (an error, a status, an end time) is not
-        # this attempt's: it is decided again when the resumed run ends.
+        # this attempt's: it is decided again when the resumed run ends. Nor is the data
+        # digest, a claim on the whole run's samples: only an attempt that compared the
+        # checkpoint's digests with its own data states it (``run``).
         earlier = {k: v for k, v in document["run"].items()
-                   if k not in ("error", "finished", "status", "stopped",
+                   if k not in ("error", "finished", "status", "stopped", "data_digest",
                                 ENDED_AFTER_ROUND)}  # fmt: skip
         continued = {
             **earlier, **run, "resumed": resumes, "status": RUNNING,

@@ -774,8 +774,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     digests = strategy.split_digests = split_digests(key)
     if checkpoint is not None:  # and the same samples
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes, digests)
-        if not (checkpoint.clients or {}).get("split_digests"):
-            digests = {}  # an earlier version's run: its first rounds' data were not digested
+        if not checkpoint.compares_digests:  # its first rounds' data were not digested
+            digests = {}  # (an earlier version's run, or another scheme's): no data_digest
     if config.dp_mode == "central":  # after split_sizes: the declarations are checked
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
     test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None

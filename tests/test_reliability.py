@@ -970,3 +970,29 @@ def test_clients_evaluating_the_global_model_give_the_servers_numbers(
     assert per_round(clients) == per_round(server)
     sizes = {r["personal_coverage"]["of_test_samples"] for r in clients["rounds"]}
     assert sizes == {r["personal_coverage"]["of_test_samples"] for r in server["rounds"]}
+
+
+def test_a_resume_whose_digests_were_not_compared_states_no_data_digest(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """A checkpoint whose digests are of another scheme cannot be compared with this
+    version's, so its first rounds' samples are not known to be the resumed ones: the
+    ServerApp went on recording a data_digest for the whole run (this attempt's, or the
+    first attempt's other-scheme one). Now only a resume that compared the digests states
+    one; a resume that did keeps it."""
+    config = {**base, "state-dir": str(tmp_path / "state")}
+    folder = killed_in_round_2(config, tmp_path)
+    recorded = results_of(folder)["run"]["data_digest"]
+    checkpoint, _ = Checkpoint.load(folder)
+    compared = dict(checkpoint.clients)
+    checkpoint.clients = {**compared, "digest_scheme": 0}  # another version's digests
+    checkpoint.save(folder)
+    assert run_server({**config, "resume": str(folder)}, kill_after=(TRAIN, 3, 1),
+                      run_id=2)[1] is not None  # fmt: skip
+    assert "data_digest" not in results_of(folder)["run"]
+    checkpoint, _ = Checkpoint.load(folder)
+    assert not checkpoint.compares_digests  # nor will a later resume compare them
+    checkpoint.clients = compared  # as this version records them: compared on resume
+    checkpoint.save(folder)
+    assert run_server({**config, "resume": str(folder)}, run_id=3)[1] is None
+    assert results_of(folder)["run"]["data_digest"] == recorded
