@@ -872,5 +872,5 @@ def run(grid: Grid, context: Context) -> None:
     summary = writer.summary()
     best_g, best_p = (summary[f"best_{kind}_accuracy"] for kind in ("global", "personal"))
     log(INFO, "run %s | best global %s | best personal %s | %s", status,
-        "-" if best_g is None else f"{best_g:.4f}", "-" if best_p is None else f"{best_p:.4f}",
+        "–" if best_g is None else f"{best_g:.4f}", "–" if best_p is None else f"{best_p:.4f}",
         writer.json_path)  # fmt: skip

@@ -38,7 +38,7 @@ def test_local_training_sends_no_parameters_and_reports_no_global_accuracy(
     caplog.set_level(logging.INFO)
     grid, stopped = run_server(reference_config(grey_dataset, tmp_path, "local"))
     assert stopped is None
-    assert "run completed | best global - | best personal 0." in caplog.text  # not 0.0000
+    assert "run completed | best global – | best personal 0." in caplog.text  # not 0.0000
     document = the_run(tmp_path)
     assert document["run"]["status"] == "completed"
     assert document["run"]["global_evaluation"] == "none"
