@@ -22,7 +22,7 @@ carries mu/2 * ||theta||^2, whose gradient mu * theta is exactly that decay. The
 paper gives "eta = 0.001 and lambda = 0.1" for GPFL "as per the provided source code"; its
 eta is read as GPFL's mu. That source's CNN setting is lambda = 0.01, mu = 0.1 instead: the
 paper's reading stays the default and the other is ``gpfl-lambda = 0.01 gpfl-mu = 0.1``
-(README: both measured on the scaled Table 2 setting). As in
+(docs/results.md: both measured on the scaled Table 2 setting). As in
 the official code, the magnitude-level norm is taken over the whole batch (Frobenius) and
 the cosine logits have no temperature.
 

@@ -29,7 +29,7 @@ MIN_EVAL_BATCH = 64
 #: convolutional models here ran 1.07-1.41x faster at 128 samples than at 512, where a
 #: layer's activations no longer fit in the caches, and the char-LSTM 1.08-1.14x; the
 #: MLP, one matrix product per layer, at 0.87-0.88x (two runs of
-#: ``benchmarks/eval_batch.py``; README, benchmark (d)).
+#: ``benchmarks/eval_batch.py``; docs/results.md, benchmark (d)).
 CPU_EVAL_BATCH_PER_THREAD = 128
 #: A GPU's evaluation batch: what every run before issue 13 used on any device.
 GPU_EVAL_BATCH = 512
