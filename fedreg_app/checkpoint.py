@@ -8,7 +8,9 @@ Written after every round into ``<run folder>/checkpoint/`` as one unit:
   folder holding its arrays with the sha256 and size of each file, the sampling
   generator's state, the strategy's scalar state, the client-state key, the run config it
   was made with, the clients it was made with (their number and every partition's split
-  sizes), and a sha256 of all that.
+  sizes), the seal of ``results.json`` as it stood (the run id and a sha256 of its
+  rounds, so that a resume keeps only the rounds this checkpoint continues), and a sha256
+  of all that.
 
 A kill at any moment leaves ``state.json`` naming a complete earlier round (its folder is
 deleted only after the new ``state.json`` is in place), so a checkpoint is never a mix of
@@ -75,6 +77,9 @@ class Checkpoint:
     run_config: dict[str, Any]
     #: The federation it was made with (:func:`clients_record`); None in earlier versions.
     clients: dict[str, Any] | None = None
+    #: ``results.json``'s seal when this round committed (``ResultsWriter.seal``): the
+    #: run id and the sha256 of rounds 1 to this one; None in earlier versions.
+    results: dict[str, Any] | None = None
 
     def save(self, run_folder: Path) -> None:
         """Arrays into a fresh round folder, then ``state.json`` naming it (the commit),
@@ -97,6 +102,7 @@ class Checkpoint:
             "state_key": self.state_key,
             "run_config": self.run_config,
             "clients": self.clients,
+            "results": self.results,
         }
         save_json(folder / STATE, {**body, "sha256": _body_hash(body)})
         _remove_all_but(folder, rounds.name)
@@ -133,6 +139,7 @@ class Checkpoint:
             state_key=_field(state, "state_key", str, state_path),
             run_config=_field(state, "run_config", dict, state_path),
             clients=_clients_field(state, state_path),
+            results=_results_field(state, state_path),
         )
         return checkpoint, folder.parent
 
@@ -357,6 +364,20 @@ def _clients_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | Non
     if not is_count(number) or not sizes_ok or not digests_ok:
         raise _fail(path, f"has no valid 'clients' record (got {clients!r:.80})")
     return clients
+
+
+def _results_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | None:
+    """The seal of ``results.json``, checked for shape (older checkpoints have none)."""
+    results = state.get("results")
+    if results is None:
+        return None
+    if not (
+        isinstance(results, dict) and is_whole(results.get("run_id"))
+        and isinstance(results.get("rounds_sha256"), str)
+        and SHA256.fullmatch(results["rounds_sha256"])
+    ):  # fmt: skip
+        raise _fail(path, f"has no valid 'results' seal (got {results!r:.80})")
+    return results
 
 
 def _round_folders(folder: Path) -> list[Path]:

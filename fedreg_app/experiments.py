@@ -513,7 +513,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         checkpoint, _ = Checkpoint.load(folder)
     except ConfigError as err:
         return _damaged(folder, str(err), restart_damaged)
-    problem = kept_rounds_problem(document, checkpoint.round)
+    problem = kept_rounds_problem(document, checkpoint.round, checkpoint.results)
     if problem:
         return _damaged(folder, f"results.json: {problem}", restart_damaged)
     if spec.keeps_state and checkpoint.state_key != folder.name:  # as the ServerApp refuses

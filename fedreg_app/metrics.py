@@ -21,6 +21,7 @@ folder (``fedreg_app/tensorboard_log.py``).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -395,15 +396,16 @@ class ResultsWriter:
     @classmethod
     def resume(
         cls, folder: Path, config: dict[str, Any], run: dict[str, Any], after_round: int,
-        tensorboard: bool = False,
+        tensorboard: bool = False, seal: dict[str, Any] | None = None,
     ) -> ResultsWriter:  # fmt: skip
         """Continue a run folder: its rounds up to the checkpoint's are kept (a round
         written after the last checkpoint is dropped, to be run again). The kept rounds
-        come from disk: each must be there, in place and in range, or the resume is
-        refused (:class:`ValueError` naming the file and round) before anything is written."""
+        come from disk: each must be there, in place and in range, and be the rounds the
+        checkpoint sealed (``seal``, where it has one), or the resume is refused
+        (:class:`ValueError` naming the file and round) before anything is written."""
         path = folder / "results.json"
         document = json.loads(path.read_text())
-        problem = kept_rounds_problem(document, after_round)
+        problem = kept_rounds_problem(document, after_round, seal)
         if problem:
             raise ValueError(
                 f"resume: {path}: {problem}; the checkpoint is of round {after_round}, so "
@@ -476,6 +478,12 @@ class ResultsWriter:
             "log10_global_over_personal": score,
         }
 
+    def seal(self) -> dict[str, Any]:
+        """What a checkpoint made now records of this file: the run id and a sha256 of
+        its rounds as they are on disk (read back, so a resume hashes the same values)."""
+        rounds = json.loads(self.json_path.read_text())["rounds"]
+        return {"run_id": self.run["run_id"], "rounds_sha256": rounds_sha256(rounds)}
+
     def _write(self) -> None:
         document = {
             "config": self.config,
@@ -492,10 +500,20 @@ class ResultsWriter:
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())
 
 
-def kept_rounds_problem(document: Any, after_round: int) -> str | None:
+def rounds_sha256(rounds: list[Any]) -> str:
+    """A digest of round records as ``results.json`` holds them (parsed JSON)."""
+    text = json.dumps(rounds, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def kept_rounds_problem(
+    document: Any, after_round: int, seal: dict[str, Any] | None = None
+) -> str | None:
     """Why a results.json cannot give a resume its first ``after_round`` rounds (None
     when it can): a hole, a value out of range or a key this version does not know
-    would be carried into the finished run's record and its best figures."""
+    would be carried into the finished run's record and its best figures; and, given
+    the checkpoint's ``seal``, rounds other than those it continues (another run's
+    results.json copied in, or rounds edited) would be published as this run's."""
     if not isinstance(document, dict) or not isinstance(document.get("run"), dict):
         return "expected a JSON object with run and rounds"
     rounds = document.get("rounds")
@@ -510,6 +528,18 @@ def kept_rounds_problem(document: Any, after_round: int) -> str | None:
         unknown = sorted(set(record) - known)
         if unknown:
             return f"round {number} has keys this version does not know: {unknown[:3]}"
+    if seal is not None:
+        run_id = document["run"].get("run_id")
+        if run_id != seal["run_id"]:
+            return (
+                f"it is the record of run {run_id!r}, the checkpoint continues run "
+                f"{seal['run_id']} (another run's results.json?)"
+            )
+        if rounds_sha256(rounds[:after_round]) != seal["rounds_sha256"]:
+            return (
+                f"its rounds 1-{after_round} are not the ones the checkpoint sealed (edited, "
+                "or another run's results.json)"
+            )
     return None
 
 

@@ -525,7 +525,8 @@ def run_rounds(
             writer.run[ENDED_AFTER_ROUND] = server_round
         writer.run.update(strategy.report())
         writer.add(record)
-        save_checkpoint(writer.folder, server_round, arrays, strategy, config, clients)
+        save_checkpoint(writer.folder, server_round, arrays, strategy, config, clients,
+                        writer.seal())  # fmt: skip
         log(INFO, "%s", round_line(record, config.num_server_rounds))
         if ended:
             log(INFO, "%s ends the run after round %d", config.algo, server_round)
@@ -540,8 +541,10 @@ def save_checkpoint(
     strategy: PersonalizedStrategy,
     config: RunConfig,
     clients: dict[str, Any],
+    results: dict[str, Any] | None = None,
 ) -> None:
-    """``clients``: the federation's :func:`clients_record`, kept with every checkpoint."""
+    """``clients``: the federation's :func:`clients_record`, kept with every checkpoint;
+    ``results``: the seal of ``results.json`` as this round left it."""
     strategy_arrays, strategy_state = strategy.state_dict()
     Checkpoint(
         round=server_round,
@@ -551,6 +554,7 @@ def save_checkpoint(
         state_key=strategy.state_key,
         run_config=config.to_run_config(),
         clients=clients,
+        results=results,
     ).save(folder)
 
 
@@ -800,7 +804,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         arrays, first_round = to_record(model.group_state(BASE, HEAD_G, EXTRA)), 1
     else:
         writer = ResultsWriter.resume(resumed_folder, config.to_run_config(), run_info,
-                                      checkpoint.round, config.tensorboard)  # fmt: skip
+                                      checkpoint.round, config.tensorboard,
+                                      checkpoint.results)  # fmt: skip
         strategy.load_state_dict(checkpoint.strategy_arrays, checkpoint.strategy_state)
         if "trained_partitions" not in checkpoint.strategy_state:  # an earlier version's
             strategy.note_trained(trained_in(writer.rounds))

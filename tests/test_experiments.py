@@ -46,7 +46,7 @@ from fedreg_app.experiments import (
     write_run_config,
 )
 from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree
-from fedreg_app.metrics import BEST_OF, ResultsWriter, RoundRecord
+from fedreg_app.metrics import BEST_OF, ResultsWriter, RoundRecord, rounds_sha256
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
 from fedreg_app.protocol import is_valid_state_key
 from fedreg_app.registry import load_config
@@ -855,6 +855,35 @@ def test_a_results_file_that_cannot_give_a_resume_its_rounds_is_damaged(
     attempt = decide(spec, DECLARED)
     assert attempt.resume is None and f"cannot resume {folder}: results.json: {problem}" in \
         attempt.problem  # fmt: skip
+
+
+@pytest.mark.parametrize("swap", ["another run's", "edited", "none"])
+def test_a_results_file_other_than_the_one_the_checkpoint_sealed_is_damaged(
+    tmp_path: Path, swap: str
+) -> None:
+    """Another run's results.json copied into an interrupted run's folder, or a kept round
+    edited, passed the runner's range checks and was resumed as the run's own. The
+    checkpoint's seal (run id, sha256 of the rounds) now names the folder as damaged,
+    as the ServerApp refuses it; the sealed file itself resumes."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    folder = interrupted_run(spec, "running", at_round=2)
+    document = json.loads((folder / "results.json").read_text())
+    document["run"]["run_id"] = 1  # as the ServerApp writes it
+    checkpoint, _ = Checkpoint.load(folder)
+    checkpoint.results = {"run_id": 1,
+                          "rounds_sha256": rounds_sha256(document["rounds"][:2])}  # fmt: skip
+    checkpoint.save(folder)
+    if swap == "another run's":
+        document["run"]["run_id"] += 1
+    elif swap == "edited":
+        document["rounds"][1]["global_accuracy"] /= 2
+    (folder / "results.json").write_text(json.dumps(document))
+    attempt = decide(spec, DECLARED)
+    if swap == "none":
+        assert attempt.resume == folder and attempt.problem is None
+    else:
+        assert attempt.resume is None and f"cannot resume {folder}: results.json: it" in \
+            attempt.problem  # fmt: skip
 
 
 def test_a_results_file_of_no_run_at_all_is_not_finished_and_does_not_crash(

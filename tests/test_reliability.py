@@ -996,3 +996,38 @@ def test_a_resume_whose_digests_were_not_compared_states_no_data_digest(
     checkpoint.save(folder)
     assert run_server({**config, "resume": str(folder)}, run_id=3)[1] is None
     assert results_of(folder)["run"]["data_digest"] == recorded
+
+
+@pytest.mark.parametrize("swap", ["another run's", "edited"])
+def test_a_resume_keeps_only_the_rounds_its_checkpoint_sealed(
+    base: dict[str, Any], tmp_path: Path, swap: str
+) -> None:
+    """The rounds before the checkpoint are kept from results.json, which was checked for
+    range only: another run's results.json copied into a killed run's folder was resumed,
+    and the run ended `completed` with the other run's round 1 (its clients, its accuracy)
+    and its id. Each checkpoint now seals the file's run id and rounds; a resume from a
+    file that is not the sealed one is refused before anything is written, and the
+    original file resumes to the uninterrupted run's figures."""
+    config = {**base, "state-dir": str(tmp_path / "state")}
+    folder = killed_in_round_2(config, tmp_path)
+    original = (folder / "results.json").read_bytes()
+    other = {**base, "seed": 6, "results-dir": str(tmp_path / "other"),
+             "state-dir": str(tmp_path / "other-state")}  # fmt: skip
+    assert run_server(other, run_id=77)[1] is None
+    if swap == "another run's":
+        replaced = next((tmp_path / "other").glob("*/results.json")).read_bytes()
+        expected = "it is the record of run 77, the checkpoint continues run 1"
+    else:  # a kept round edited, still a valid record
+        document = json.loads(original)
+        document["rounds"][0]["global_accuracy"] += 0.01
+        replaced = json.dumps(document).encode()
+        expected = "its rounds 1-1 are not the ones the checkpoint sealed"
+    (folder / "results.json").write_bytes(replaced)
+    _, stopped = run_server({**config, "resume": str(folder)}, run_id=2)
+    assert isinstance(stopped, ValueError) and expected in str(stopped)
+    assert (folder / "results.json").read_bytes() == replaced  # nothing written over it
+    (folder / "results.json").write_bytes(original)
+    assert run_server({**config, "resume": str(folder)}, run_id=3)[1] is None
+    whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
+    assert run_server(whole)[1] is None
+    assert per_round(results_of(folder)) == per_round(results(tmp_path / "whole"))
