@@ -60,9 +60,11 @@ from fedreg_app.protocol import (
     RAY_ACTOR,
     RAY_NODE,
     SERVER_ROUND,
+    STATE_HELD,
     STATE_KEY,
     STATE_ON_DISK,
     STATE_RESETS,
+    STATE_ROUND,
     TORCH_VERSION,
     WEIGHTS_QUERY,
     is_valid_state_key,
@@ -161,36 +163,64 @@ def state_folder(state_dir: Path, state_key: str, partition_id: int) -> Path:
     return folder
 
 
+@dataclass
+class StateOutcome:
+    """What a message did to the node's private state on disk: the records that started
+    afresh (corrupt, lost, another owner's), and the round of the newest version held
+    afterwards (None without a state dir)."""
+
+    resets: list[str] = dataclasses.field(default_factory=list)
+    version: int | None = None
+
+
 @contextmanager
 def persistent_state(
-    msg: Message, context: Context, setup: ClientSetup, resets: list[str], server_round: int
-) -> Iterator[None]:
+    msg: Message, context: Context, setup: ClientSetup, server_round: int
+) -> Iterator[StateOutcome]:
     """With a state dir, restore the node's private records as of the round the server
     resumes from, commit what the procedure changed as this round's version, and drop the
     records from ``context.state`` again: the disk holds them until the node's next message
     (in simulation Flower keeps every node's ``context.state`` in one process, and ships it
     to the ClientApp with each message). Without one, ``context.state`` is all there is.
-    Records found corrupt, and a state lost because every saved version is newer than
-    the round asked, are appended to ``resets`` (they start afresh)."""
+    Records found corrupt, a state lost because every saved version is newer than the
+    round asked or older than the one the server knows of (``state-held``), and versions
+    of another partition or run, go to the outcome's ``resets`` (they start afresh)."""
+    outcome = StateOutcome()
     state_dir = state_dir_of(NodeSettings.from_context(context), setup.config)
     if state_dir is None:
-        yield
+        yield outcome
         return
     # The ServerApp names the run's state (the same across a server resume, which gets a
     # new Flower run id), so personalization carries over.
     state_key = state_key_of(msg, context)
-    versions = VersionedState(state_folder(state_dir, state_key, setup.data.partition_id))
+    held = state_held_of(msg, server_round)  # before anything on disk is touched
+    partition = setup.data.partition_id
+    versions = VersionedState(state_folder(state_dir, state_key, partition),
+                              owner={"partition": partition, "state_key": state_key})  # fmt: skip
     # Training in round t starts from the state before t; evaluation sees round t's. The
     # server's checkpoint is round t-1's until round t ends: a resume runs round t again.
     upto = server_round - 1 if msg.metadata.message_type == MessageType.TRAIN else server_round
-    restored = versions.restore(context.state, upto, checkpointed=server_round - 1)
-    resets.extend(restored.reset)
+    restored = versions.restore(context.state, upto, checkpointed=server_round - 1, held=held)
+    outcome.resets.extend(restored.reset)
     if restored.records:  # a restarted node, or a resumed run: personalization comes back
-        log(INFO, "partition %d: restored %s of round %d from %s", setup.data.partition_id,
+        log(INFO, "partition %d: restored %s of round %d from %s", partition,
             ", ".join(restored.records), restored.round, versions.folder)  # fmt: skip
-    yield
-    versions.commit(context.state, server_round)
+    yield outcome
+    committed = versions.commit(context.state, server_round)
+    outcome.version = server_round if committed else restored.round
     versions.release(context.state)
+
+
+def state_held_of(msg: Message, server_round: int) -> int | None:
+    """The round of the newest version the server knows this partition holds (None when
+    it sends none), refused unless a whole number from 0 to the message's round."""
+    value = msg.content[CONFIG].get(STATE_HELD)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= server_round:
+        raise ValueError(f"{STATE_HELD}={value!r} from the server is not allowed: expected "
+                         f"a round from 0 to {server_round}")  # fmt: skip
+    return value
 
 
 def state_key_of(msg: Message, context: Context) -> str:
@@ -300,15 +330,16 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
     received = time.perf_counter()
     server_round = server_round_of(msg)  # before any state is read or written
     setup = client_setup(context)
-    resets: list[str] = []
-    with persistent_state(msg, context, setup, resets, server_round):
+    with persistent_state(msg, context, setup, server_round) as outcome:
         procedure, arrays = procedure_for(setup, msg)
         started = time.perf_counter()
         metrics, reply_arrays = work(procedure, arrays, server_round, msg)
         refuse_non_finite(context.state, reply_arrays, server_round)  # before any commit
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
     seconds = timings(received, time.perf_counter() - started)
-    return reply(msg, procedure, {**metrics, STATE_RESETS: len(resets)}, seconds, **records)
+    held = {} if outcome.version is None else {STATE_ROUND: outcome.version}
+    metrics = {**metrics, STATE_RESETS: len(outcome.resets), **held}
+    return reply(msg, procedure, metrics, seconds, **records)
 
 
 def refuse_non_finite(state: RecordDict, reply_arrays: dict | None, server_round: int) -> None:

@@ -22,6 +22,9 @@ the killed attempt left. So:
   if the state began after that round (a client first sampled in the killed round), else
   the state of that round is lost (a server resumed from an older checkpoint): the
   caller counts it as a reset, and it is logged;
+* each manifest names its owner (the partition and the run's state key); a version of
+  another owner (folders swapped or copied between partitions) is set aside and the
+  state starts afresh, counted;
 * a record whose file does not match its manifest is moved aside as
   ``<file>.corrupt-<timestamp>`` and that record starts fresh; the caller reports it;
 * once committed, the records are released from memory (:meth:`VersionedState.release`):
@@ -62,6 +65,10 @@ MANIFEST = "manifest.json"
 PREFIX = "round-"
 #: What :attr:`Restored.reset` names when no version is usable and the state was lost.
 NO_USABLE_VERSION = "(no usable version)"
+#: ... when the version found was written for another partition or run (a swapped folder).
+ANOTHER_OWNER = "(another partition's or run's version)"
+#: ... when the server knows of a newer version than the disk holds (a wiped state-dir).
+MISSING_VERSION = "(a version the server knows of is missing)"
 
 
 def version_name(server_round: int) -> str:
@@ -81,8 +88,11 @@ class Restored:
 class VersionedState:
     """One partition's private records for one run, one folder per committed round."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, owner: Mapping[str, object] | None = None) -> None:
         self.folder = folder
+        #: Written into every manifest and required of every version loaded (manifests
+        #: of earlier versions name none and are taken as they are).
+        self.owner = dict(owner or {})
         #: name -> (the record object restored, its file): a record the procedure did not
         #: replace is the same object (algorithms replace a record when they change it).
         self._loaded: dict[str, tuple[ArrayRecord, Path]] = {}
@@ -100,14 +110,16 @@ class VersionedState:
         return found
 
     def restore(
-        self, state: RecordDict, upto_round: int, checkpointed: int | None = None
-    ) -> Restored:
+        self, state: RecordDict, upto_round: int, checkpointed: int | None = None,
+        held: int | None = None,
+    ) -> Restored:  # fmt: skip
         """Replace the ArrayRecords of ``state`` by the newest version of a round
         <= ``upto_round``; delete versions after it (stale) and those a resume can no
         longer ask for: older than the newest version <= ``checkpointed`` (the round of
         the server's last checkpoint, which a resume starts after; ``upto_round`` when not
         given, as for a train message). When none is usable and the state existed by
-        ``upto_round``, ``reset`` says so."""
+        ``upto_round``, ``reset`` says so; so it does when the server knows of a version
+        of round ``held`` (<= ``upto_round``) and the newest one here is older."""
         for name in [n for n, r in state.items() if isinstance(r, ArrayRecord)]:
             del state[name]  # the disk is the truth: memory may hold a killed attempt's
         self._loaded = {}
@@ -126,6 +138,14 @@ class VersionedState:
         self._remove_partial_folders()
         if chosen:
             self._load_version(versions[chosen], state, result)
+        if held is not None and result.round < held <= upto_round and not result.reset:
+            logger.warning(
+                "client state %s: the server knows of its version of round %d, but the "
+                "newest one here is %s (the state-dir was wiped or replaced); the state of "
+                "round %d is lost and starts afresh", self.folder, held,
+                result.round or "none", held,
+            )  # fmt: skip
+            result.reset.append(MISSING_VERSION)
         return result
 
     def _note_lost(self, versions: dict[int, Path], upto_round: int, result: Restored) -> None:
@@ -149,6 +169,17 @@ class VersionedState:
         except (OSError, ValueError, KeyError, TypeError):
             self._set_aside(folder / MANIFEST)
             result.reset.append(MANIFEST)
+            result.round, self._since = 0, None
+            return
+        owner = manifest.get("owner") if isinstance(manifest, dict) else None
+        if owner is not None and self.owner and owner != self.owner:
+            logger.warning(
+                "client state %s belongs to %s, not to %s (a folder swapped or copied); set "
+                "aside, the state starts afresh", folder, owner, self.owner,
+            )  # fmt: skip
+            self._set_aside(folder / MANIFEST)  # the folder is then partial: removed next
+            result.reset.append(ANOTHER_OWNER)
+            result.round, self._since = 0, None
             return
         for name, entry in entries.items():
             path = folder / str(entry.get("file", ""))
@@ -186,8 +217,9 @@ class VersionedState:
                 save_arrays(path, from_record(record))
             manifest[name] = {"file": path.name, "sha256": file_sha256(path)}
         since = server_round if self._since is None else self._since
-        write_text_atomic(staging / MANIFEST, json.dumps({"round": server_round, "since": since,
-                                                          "records": manifest}))  # fmt: skip
+        body = {"round": server_round, "since": since, "records": manifest,
+                **({"owner": self.owner} if self.owner else {})}  # fmt: skip
+        write_text_atomic(staging / MANIFEST, json.dumps(body))
         target = self.folder / version_name(server_round)
         if target.exists():  # a stale attempt at this round
             shutil.rmtree(target)

@@ -114,7 +114,8 @@ class RoundRecord:
     #: The global model over the clients that answered (where clients evaluate it).
     global_accuracy_answered: float | None = None
     personal_coverage: dict[str, int] | None = None
-    #: Client private-state files found corrupt this round (moved aside, started afresh).
+    #: Client private state that started afresh this round: a file found corrupt (moved
+    #: aside), a version lost (a wiped or replaced state-dir) or another partition's.
     state_resets: int = 0
     #: Personal accuracy (correct over test samples) over the clients whose training reply
     #: was accepted in this or an earlier round; None when no client has trained yet, the
@@ -131,7 +132,8 @@ class RoundRecord:
 
     @property
     def degraded(self) -> bool:
-        """Some reply was missing or rejected, or some client was not evaluated."""
+        """Some reply was missing or rejected, some client was not evaluated, or some
+        client's private state started afresh."""
         return round_degraded(vars(self))
 
 
@@ -342,8 +344,8 @@ def figures_problem(document: dict[str, Any], rounds: list[dict[str, Any]]) -> s
 def status_problem(document: dict[str, Any]) -> str | None:
     """A finished run's status must be what its rounds say (``ResultsWriter.finish``
     decides it from them): every planned round recorded, and ``degraded`` exactly when
-    some round had a reply missing or rejected or a client not evaluated. A ``completed``
-    over failed rounds would publish a figure without its mark."""
+    some round had a reply missing or rejected, a client not evaluated or a state reset.
+    A ``completed`` over failed rounds would publish a figure without its mark."""
     status, rounds = document["run"].get("status"), document["rounds"]
     if status not in (COMPLETED, DEGRADED):
         return None
@@ -359,10 +361,12 @@ def status_problem(document: dict[str, Any]) -> str | None:
 
 def round_degraded(record: dict[str, Any]) -> bool:
     """Whether a round (a :class:`RoundRecord`'s fields, or a round as written) had a
-    reply missing or rejected, or a client not evaluated."""
+    reply missing or rejected, a client not evaluated, or a client whose private state
+    started afresh (its figures are not those of a client that kept it)."""
     coverage = record.get("personal_coverage")
     incomplete = coverage is not None and coverage["clients"] < coverage["of_clients"]
-    return bool(record.get("train_failures") or record.get("eval_failures") or incomplete)
+    return bool(record.get("train_failures") or record.get("eval_failures") or incomplete
+                or record.get("state_resets"))  # fmt: skip
 
 
 def _best(values: list[float | None]) -> float | None:

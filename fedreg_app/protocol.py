@@ -44,6 +44,10 @@ DIGEST = "digest"
 # Message config, server -> client.
 SERVER_ROUND = "server-round"
 STATE_KEY = "state-key"  # names the clients' on-disk state of this run
+#: The round of the newest private-state version the partition reported holding (its
+#: last accepted reply's ``state-round``): a client that finds an older one, or none, on
+#: disk knows its state was lost (a wiped or replaced state-dir) and says so.
+STATE_HELD = "state-held"
 #: A query's config record, and its key asking a node for its aggregation weights
 #: (central DP's fixed denominators need every client's).
 QUERY = "query"
@@ -67,6 +71,9 @@ NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this ro
 COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
 HANDLER_SECONDS = "handler-seconds"  # the whole message handler, setup included
 STATE_RESETS = "state-resets"  # private state started afresh: a corrupt file, or lost versions
+#: The round of the newest private-state version the client holds after this message
+#: (0: none); sent only by clients that keep their state under a state-dir.
+STATE_ROUND = "state-round"
 #: Reply metrics a server adds into the round's record when present: finite numbers >= 0,
 #: and the counts whole (none is trusted: a text or NaN value would end or poison a run).
 COST_SECONDS = (COMPUTE_SECONDS, HANDLER_SECONDS)

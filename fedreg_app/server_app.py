@@ -466,6 +466,7 @@ def train_round(
     check_weights(strategy, training)
     training.check_usable(server_round)
     strategy.note_trained(int(m.content[METRICS][PARTITION_ID]) for m in training.accepted)
+    strategy.note_state_versions(training.accepted, server_round)
     aggregated, metrics = strategy.aggregate_train(server_round, training.accepted)
     if aggregated is not None:
         check_finite_aggregate(from_record(aggregated), server_round, len(training.accepted))
@@ -487,6 +488,7 @@ def evaluate_round(
     phase = run_phase("evaluate", grid, messages, strategy.partitions,
                       strategy.eval_reply_problem, config.reply_timeout)  # fmt: skip
     phase.check_usable(server_round)
+    strategy.note_state_versions(phase.accepted, server_round)
     personal = dict(strategy.aggregate_evaluate(server_round, phase.accepted) or {})
     evaluated = time.perf_counter()
     if test_set is None:  # the clients did it
@@ -686,7 +688,7 @@ def round_line(record: RoundRecord, num_rounds: int) -> str:
         line += (
             f" | DEGRADED: {record.train_failures} train / {record.eval_failures} eval "
             f"failures; personal over answered {pct(record.personal_accuracy_answered)}"
-        )
+        ) + (f"; {record.state_resets} state resets" if record.state_resets else "")
     return line
 
 

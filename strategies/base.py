@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from fedreg_app.config import ConfigError, RunConfig
+from fedreg_app.config import ConfigError, RunConfig, is_whole
 from fedreg_app.models import BASE, HEAD_G, SplitModel, group_of
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.privacy import (
@@ -62,7 +62,9 @@ from fedreg_app.protocol import (
     PARTITION_ID,
     PERSONAL_CORRECT,
     SERVER_ROUND,
+    STATE_HELD,
     STATE_KEY,
+    STATE_ROUND,
 )
 from fedreg_app.records import from_record, to_record
 from fedreg_app.seeds import rng
@@ -179,6 +181,9 @@ class PersonalizedStrategy(Strategy):
         self.state_key = ""
         #: Partitions whose training reply was accepted in some round so far (checkpointed).
         self.trained_partitions: set[int] = set()
+        #: The newest private-state version each partition said it holds (``state-round``
+        #: of its last accepted reply; checkpointed), sent back to it as ``state-held``.
+        self.state_rounds: dict[int, int] = {}
 
     # -------------------------------------------------------------- privacy
     def check_privacy_allowed(self) -> None:
@@ -258,6 +263,22 @@ class PersonalizedStrategy(Strategy):
         for ``personal-accuracy-sampled``."""
         self.trained_partitions.update(int(p) for p in partitions)
 
+    def note_state_versions(self, replies: Iterable[Message], server_round: int) -> None:
+        """The newest private-state version each accepted reply says its partition holds:
+        the next message to it carries it (``state-held``), so a client whose state-dir
+        was wiped or replaced since can tell, and counts the loss. A round beyond this one
+        cannot be held yet: such a value is not kept."""
+        for msg in replies:
+            metrics = msg.content[METRICS]
+            held = metrics.get(STATE_ROUND)
+            if held is None:
+                continue
+            if held > server_round:
+                log(WARNING, "partition %s says it holds its state of round %s in round %d; "
+                    "not kept", metrics[PARTITION_ID], held, server_round)  # fmt: skip
+                continue
+            self.state_rounds[int(metrics[PARTITION_ID])] = int(held)
+
     def clients_per_round(self) -> int:
         """How many clients an ordinary training round samples (min-train-replies must
         not exceed it)."""
@@ -281,6 +302,7 @@ class PersonalizedStrategy(Strategy):
         state: dict[str, Any] = {
             "sampling_rng": self.sampling_rng.bit_generator.state,
             "trained_partitions": sorted(self.trained_partitions),
+            "state_rounds": {str(p): r for p, r in sorted(self.state_rounds.items())},
             "test_sizes": {str(p): n for p, n in sorted(self.test_sizes.items())},
             "train_weights": {str(p): w for p, w in sorted(self.train_weights.items())},
         }
@@ -295,6 +317,7 @@ class PersonalizedStrategy(Strategy):
         self.sampling_rng.bit_generator.state = state["sampling_rng"]
         if "trained_partitions" in state:
             self.trained_partitions = {int(p) for p in state["trained_partitions"]}
+        self.state_rounds = {int(p): int(r) for p, r in state.get("state_rounds", {}).items()}
         self.test_sizes = {int(p): int(n) for p, n in state.get("test_sizes", {}).items()}
         self.train_weights = {
             int(p): {str(k): float(v) for k, v in w.items()}
@@ -313,8 +336,20 @@ class PersonalizedStrategy(Strategy):
             if node is None:
                 log(WARNING, "partition %d has no connected node; skipped this round", pid)
                 continue
-            messages.append(Message(content=record, message_type=message_type, dst_node_id=node))
+            content = self._addressed(record, pid)
+            messages.append(Message(content=content, message_type=message_type, dst_node_id=node))
         return messages
+
+    def _addressed(self, record: RecordDict, pid: int) -> RecordDict:
+        """The message content for partition ``pid``: with ``state-held`` where the
+        partition has said which private-state version it holds (the arrays are shared,
+        not copied)."""
+        held = self.state_rounds.get(pid)
+        if held is None:
+            return record
+        content = RecordDict(dict(record.items()))
+        content[CONFIG] = ConfigRecord({**record[CONFIG], STATE_HELD: held})
+        return content
 
     # --------------------------------------------------------- the model
     def prepare_model(self, model: SplitModel) -> None:
@@ -603,6 +638,9 @@ def reply_metrics_problem(
             return f"metric {key}={value!r} is not a finite number >= 0"
         if key in whole and not float(value).is_integer():
             return f"metric {key}={value!r} is not a whole count"
+    held = metrics.get(STATE_ROUND)
+    if held is not None and (isinstance(held, bool) or not is_whole(held)):
+        return f"metric {STATE_ROUND}={held!r} is not a round (a whole number >= 0)"
     return ""
 
 

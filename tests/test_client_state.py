@@ -18,7 +18,16 @@ from clients.fedbabu_deviation import FINETUNE_PHASE
 from fedreg_app import client_app
 from fedreg_app.client_state import MANIFEST, NO_USABLE_VERSION, VersionedState, version_name
 from fedreg_app.models import BASE, HEAD_G, initial_model
-from fedreg_app.protocol import ARRAYS, CONFIG, METRICS, SERVER_ROUND, STATE_KEY, STATE_RESETS
+from fedreg_app.protocol import (
+    ARRAYS,
+    CONFIG,
+    METRICS,
+    SERVER_ROUND,
+    STATE_HELD,
+    STATE_KEY,
+    STATE_RESETS,
+    STATE_ROUND,
+)
 from fedreg_app.records import from_record, to_record
 from tests.inprocess import over_the_wire, results, run_server
 
@@ -446,6 +455,44 @@ def test_a_state_key_that_is_not_a_name_is_refused_untouched(
     with pytest.raises(ValueError, match=f"{STATE_KEY}={crafted!r}"):
         client_app.train(message, context)
     assert snapshot(tmp_path / "state") == before
+
+
+@pytest.mark.parametrize("crafted", [True, -1, 3, 1.0, "1"])
+def test_a_state_held_that_is_not_a_round_so_far_is_refused_untouched(
+    grey_dataset: Path, tmp_path: Path, crafted: Any
+) -> None:
+    """``state-held`` tells a client which of its versions the server knows of; a value
+    that is no round up to the message's (here 2) is refused before the state is read."""
+    run_config = node_config(grey_dataset, tmp_path / "state")
+    context = node_context(run_config)
+    client_app.train(message_with(context, 1, honest_arrays(context)), context)
+    before = snapshot(tmp_path / "state")
+    context = node_context(run_config)
+    message = message_with(context, 2, honest_arrays(context), {STATE_HELD: crafted})
+    with pytest.raises(ValueError, match=f"{STATE_HELD}={crafted!r}"):
+        client_app.train(message, context)
+    assert snapshot(tmp_path / "state") == before
+
+
+def test_a_client_reports_the_version_it_holds_and_counts_one_the_server_knows_but_it_lacks(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """Each reply says the newest version the node holds (``state-round``); told of a
+    version it does not have (its state-dir was wiped, or it is a new node for the
+    partition), the client counts the reset and starts afresh."""
+    run_config = node_config(grey_dataset, tmp_path / "state")
+    context = node_context(run_config)
+    first = client_app.train(message_with(context, 1, honest_arrays(context)), context)
+    assert first.content[METRICS][STATE_ROUND] == 1 and first.content[METRICS][STATE_RESETS] == 0
+    context = node_context(run_config)
+    kept = client_app.train(message_with(context, 2, honest_arrays(context), {STATE_HELD: 1}),
+                            context)  # fmt: skip
+    assert kept.content[METRICS][STATE_ROUND] == 2 and kept.content[METRICS][STATE_RESETS] == 0
+    shutil.rmtree(tmp_path / "state")  # the node's state-dir wiped
+    context = node_context(run_config)
+    lost = client_app.train(message_with(context, 3, honest_arrays(context), {STATE_HELD: 2}),
+                            context)  # fmt: skip
+    assert lost.content[METRICS][STATE_RESETS] == 1 and lost.content[METRICS][STATE_ROUND] == 3
 
 
 def test_other_crafted_server_messages_are_refused_naming_what_is_wrong(

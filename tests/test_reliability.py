@@ -1031,3 +1031,50 @@ def test_a_resume_keeps_only_the_rounds_its_checkpoint_sealed(
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
     assert run_server(whole)[1] is None
     assert per_round(results_of(folder)) == per_round(results(tmp_path / "whole"))
+
+
+@pytest.mark.parametrize("fault", ["wiped", "swapped"])
+def test_a_client_whose_private_state_was_lost_or_swapped_is_counted_and_degrades_the_run(
+    base: dict[str, Any], tmp_path: Path, fault: str
+) -> None:
+    """A partition's state folder deleted (a device's state-dir wiped, or a new node
+    taking over the partition) while the run was stopped: the client started afresh,
+    counted nothing, and the run ended `completed` with other personal figures. Two
+    partitions' folders swapped: each trained the other's head, also `completed`. Now
+    the server sends each partition the state version it last reported (`state-held`)
+    and each manifest names its owner, so the client counts the reset and the round,
+    and the run, are degraded."""
+    config = {**base, "state-dir": str(tmp_path / "state"), "fraction-train": 1.0}
+    folder = killed_in_round_2(config, tmp_path)
+    checkpoint, _ = Checkpoint.load(folder)
+    assert checkpoint.strategy_state["state_rounds"] == {"0": 1, "1": 1, "2": 1, "3": 1}
+    runs = tmp_path / "state" / "runs" / folder.name
+    if fault == "wiped":
+        shutil.rmtree(runs / "partition-1")
+    else:
+        (runs / "partition-0").rename(runs / "swap")
+        (runs / "partition-1").rename(runs / "partition-0")
+        (runs / "swap").rename(runs / "partition-1")
+    assert run_server({**config, "resume": str(folder)}, run_id=2)[1] is None
+    document = results_of(folder)
+    resets = [r["state_resets"] for r in document["rounds"]]
+    assert resets == [0, 1 if fault == "wiped" else 2, 0]
+    assert document["run"]["status"] == "degraded"
+    assert [r["round"] for r in document["rounds"] if r["train_failures"] or r["eval_failures"]] \
+        == []  # every reply was accepted: the reset alone degrades  # fmt: skip
+
+
+def test_a_resumed_run_whose_clients_kept_their_state_counts_no_reset(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """The other side of `state-held`: a resume after a kill, with every client's state
+    intact, counts no reset and stays `completed`, equal to the uninterrupted run."""
+    config = {**base, "state-dir": str(tmp_path / "state"), "fraction-train": 1.0}
+    folder = killed_in_round_2(config, tmp_path)
+    assert run_server({**config, "resume": str(folder)}, run_id=2)[1] is None
+    document = results_of(folder)
+    assert [r["state_resets"] for r in document["rounds"]] == [0, 0, 0]
+    assert document["run"]["status"] == "completed"
+    whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
+    assert run_server(whole)[1] is None
+    assert per_round(document) == per_round(results(tmp_path / "whole"))
