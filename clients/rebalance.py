@@ -41,6 +41,7 @@ class is topped up with exact copies of its own samples (oversampling).
 from __future__ import annotations
 
 import functools
+import hashlib
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 
 from fedreg_app.config import threshold_statistic_or_count
-from fedreg_app.data import PartitionKey, TensorData, split_sizes
+from fedreg_app.data import PartitionKey, TensorData, split_sizes, tensors_digest
 from fedreg_app.persist import load_checked_arrays, load_json, read_cache, save_arrays, save_json
 
 if TYPE_CHECKING:
@@ -190,6 +191,19 @@ def build_rebalanced(
     )
 
 
+#: How :func:`build_rebalanced` builds a set: a stored set of another scheme is built
+#: again (bump it when what it builds for the same inputs changes).
+BUILD_SCHEME = 1
+
+
+def cache_identity(train: TensorData, key: tuple) -> str:
+    """What a stored set was built from: the train split's samples (their content digest),
+    the build's parameters and the scheme; a file on disk is used only if it says the same
+    (a set another partition's client built, or one of other parameters, is not)."""
+    text = f"{BUILD_SCHEME}|{tensors_digest(train)}|{key!r}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 # Keyed by the train split object itself (identity, held weakly): a client's decoded split
 # is cached per process, so its rebalanced set is built once and can never be served for
 # other data.
@@ -212,23 +226,35 @@ def cached_rebalanced(
     a deployed client, which gets a fresh process per message, augments only once. A
     damaged file on disk is moved aside and the set built again (it is derived data).
     ``client_sizes`` as for :func:`build_rebalanced` (they are fixed by the partitioning,
-    as is ``train``, whose cache folder ``disk`` lies in)."""
+    as is ``train``, whose cache folder ``disk`` lies in). A file on disk is used only
+    if it was built from this ``train`` with these parameters (:func:`cache_identity`):
+    one copied or swapped from another partition, or left by an earlier version, is
+    moved aside and built again."""
     built = _CACHE.setdefault(train, {})
     sizes = None if client_sizes is None else tuple(int(n) for n in client_sizes)
     key = (num_classes, threshold, augment, seed, sizes)
     if key not in built:
-        stored = None if disk is None else read_cache(disk, _read_rebalanced)
+        identity = None if disk is None else cache_identity(train, key)
+        read = functools.partial(_read_rebalanced, identity=identity)
+        stored = None if disk is None else read_cache(disk, read)
         if stored is None:
             stored = build_rebalanced(train, num_classes, threshold, augment, seed, sizes)
             if disk is not None:
-                save_arrays(disk, _to_arrays(stored))
+                save_arrays(disk, {**_to_arrays(stored), "identity": np.asarray(identity)})
         built[key] = stored
     return built[key]
 
 
-def _read_rebalanced(path: Path) -> RebalancedData:
-    """The stored set, checked for consistency as well as for damage."""
-    data = _from_arrays(load_checked_arrays(path))
+def _read_rebalanced(path: Path, identity: str | None = None) -> RebalancedData:
+    """The stored set, checked for consistency as well as for damage, and (``identity``)
+    for being built from the data and parameters asked for."""
+    arrays = load_checked_arrays(path)
+    if identity is not None:
+        stored = arrays.get("identity")
+        if stored is None or stored.shape != () or str(stored) != identity:
+            raise ValueError("built from other data or parameters (another partition's, or "
+                             "an earlier version's)")  # fmt: skip
+    data = _from_arrays(arrays)
     n = len(data.data)
     if data.data.x.shape[0] != n or data.augmented.shape != (n,) or data.threshold < 1:
         raise ValueError(f"inconsistent rebalanced set: {n} labels, {data.augmented.shape} flags")

@@ -480,3 +480,31 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_what_to_do_untouche
     assert str(path.resolve()) in message, message
     assert "start the run anew" in message, message
     assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
+def test_a_rebalanced_set_built_for_other_data_or_parameters_is_not_used(tmp_path: Path) -> None:
+    """The stored set was checked for damage only: two partitions' files swapped (or a
+    copy from another node) were read as each client's own, and FedReG trained its global
+    head on the other client's samples while still declaring its own e_k. Each file now
+    names what it was built from; another train split, other parameters, or a file of an
+    earlier version without that name, is moved aside and the set is built again."""
+    mine, theirs = images([20, 3, 0, 7]), images([5, 9, 9, 1], seed=1)
+    folder = tmp_path / "state"
+    built = cached_rebalanced(mine, 4, "mean", "simple", 5, disk=folder / "rebalanced-0.npz")
+    cached_rebalanced(theirs, 4, "mean", "simple", 5, disk=folder / "rebalanced-1.npz")
+    (folder / "rebalanced-0.npz").rename(folder / "swap.npz")
+    (folder / "rebalanced-1.npz").rename(folder / "rebalanced-0.npz")
+    _CACHE.clear()  # a new process
+    again = cached_rebalanced(mine, 4, "mean", "simple", 5, disk=folder / "rebalanced-0.npz")
+    assert torch.equal(again.data.x, built.data.x) and torch.equal(again.data.y, built.data.y)
+    assert again.effective_samples == built.effective_samples
+    assert len(list(folder.glob("rebalanced-0.npz.corrupt-*"))) == 1
+    _CACHE.clear()
+    other_seed = cached_rebalanced(mine, 4, "mean", "simple", 6, disk=folder / "rebalanced-0.npz")
+    assert len(list(folder.glob("rebalanced-0.npz.corrupt-*"))) == 2  # another seed's file
+    assert not torch.equal(other_seed.data.x, built.data.x)
+    arrays = dict(np.load(folder / "rebalanced-0.npz"))
+    np.savez(folder / "rebalanced-0.npz", **{k: v for k, v in arrays.items() if k != "identity"})
+    _CACHE.clear()  # a file of an earlier version, which named nothing
+    cached_rebalanced(mine, 4, "mean", "simple", 6, disk=folder / "rebalanced-0.npz")
+    assert len(list(folder.glob("rebalanced-0.npz.corrupt-*"))) == 3
