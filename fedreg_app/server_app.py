@@ -360,7 +360,7 @@ def run_phase(
         return phase
     partition_of = {m.metadata.dst_node_id: partitions.partition_of(m.metadata.dst_node_id)
                     for m in messages}  # fmt: skip
-    answered = set()
+    answered: set[int] = set()
     replies = exchange(grid, messages, timeout)
     # Pushing gives each message its id; an error the SuperLink makes for a node that
     # vanished comes from the SuperLink itself, and only its reply-to id names the node.
@@ -368,14 +368,16 @@ def run_phase(
                        if m.metadata.message_id}  # fmt: skip
     for reply in replies:
         node = node_of_message.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
-        answered.add(node)
         pid = partition_of.get(node)
-        if reply.has_error():
+        if node in answered:  # one message, one reply: a second is not counted again
+            problem = "a second reply to the same message (not counted)"
+        elif reply.has_error():
             problem = client_error(reply.error.reason)
         elif pid is None:
             problem = "a reply from a node no message was sent to"
         else:
             problem = check(reply, pid)
+        answered.add(node)
         if problem:
             log(WARNING, "%s: node %d (partition %s) failed: %s", name, node, pid, problem)
             phase.failures.append(Failure(node, pid, problem))

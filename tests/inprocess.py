@@ -113,13 +113,17 @@ class InProcessGrid:
         faults: dict[tuple[str, int, int], Fault] | None = None,
         kill_after: tuple[str, int, int] | None = None,
         node_config: dict[str, Any] | None = None,
+        duplicate: Iterable[tuple[str, int, int]] = (),
     ) -> None:
         """``faults[(phase, round, partition)]`` rewrites that reply; ``kill_after =
         (phase, round, n)`` kills the server once ``n`` replies of that phase came back;
         ``node_config``: further node config of every node (a deployed device's own
-        ``dataset-path``)."""
+        ``dataset-path``); ``duplicate``: (phase, round, partition) whose reply is
+        delivered twice."""
         self.run_config = run_config
         self.faults = faults or {}
+        self.duplicate = set(duplicate)
+        self.twice: set[str] = set()  # message ids whose reply comes a second time
         self.kill_after = kill_after
         self.contexts = {
             1000 + p: Context(
@@ -160,6 +164,8 @@ class InProcessGrid:
             if reply is not None:
                 self.waiting[msg.metadata.message_id] = over_the_wire(reply)
                 self.delivered.append((phase, server_round, partition))
+                if (phase, server_round, partition) in self.duplicate:
+                    self.twice.add(msg.metadata.message_id)
             if self.kill_after == (phase, server_round, counted):
                 raise ServerKilled(
                     f"killed after {counted} {phase} replies of round {server_round}",
@@ -168,7 +174,10 @@ class InProcessGrid:
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
-        return [self.waiting.pop(i) for i in list(message_ids) if i in self.waiting]
+        pulled = [(i, self.waiting.pop(i)) for i in list(message_ids) if i in self.waiting]
+        again = [over_the_wire(reply) for i, reply in pulled if i in self.twice]
+        self.twice -= {i for i, _ in pulled}
+        return [reply for _, reply in pulled] + again
 
 
 def run_server(

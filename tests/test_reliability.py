@@ -1078,3 +1078,29 @@ def test_a_resumed_run_whose_clients_kept_their_state_counts_no_reset(
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
     assert run_server(whole)[1] is None
     assert per_round(document) == per_round(results(tmp_path / "whole"))
+
+
+def test_a_reply_delivered_twice_is_counted_once(base: dict[str, Any], tmp_path: Path) -> None:
+    """The ServerApp took every reply it pulled: a training reply delivered twice was
+    averaged twice, and an evaluation reply delivered twice stood in for a client that
+    never answered, so the personal figure was published as the all-client one. (Flower's
+    SuperLink keeps one reply per message; this is defence in depth.) A second reply to
+    the same message is now a failure of its own, never counted."""
+    config = {**base, "num-server-rounds": 1, "reply-timeout": 1.0}
+    twice = {(TRAIN, 1, 2), (EVALUATE, 1, 0)}
+    silent = {(EVALUATE, 1, 3): lambda msg, reply: None}
+    assert run_server(config, faults=silent, duplicate=twice)[1] is None
+    [record] = results(tmp_path / "results")["rounds"]
+    assert record["sampled_clients"] == [2, 3]
+    assert (record["train_replies"], record["train_failures"]) == (2, 1)
+    assert (record["eval_replies"], record["eval_failures"]) == (3, 2)
+    assert record["personal_accuracy"] is None  # partition 3 did not answer
+    assert record["personal_coverage"]["clients"] == 3
+    assert sorted(e["error"] for e in record["errors"]) == [
+        "a second reply to the same message (not counted)",
+        "a second reply to the same message (not counted)",
+        "no reply within reply-timeout=1s",
+    ]
+    once = {**config, "results-dir": str(tmp_path / "once")}
+    assert run_server(once, faults=silent)[1] is None
+    assert_same_arrays(final_model(tmp_path / "results"), final_model(tmp_path / "once"))
