@@ -59,6 +59,7 @@ from fedreg_app.persist import (
 from fedreg_app.privacy import require_accounting
 from fedreg_app.protocol import (
     COMPUTE_SECONDS,
+    COST_SECONDS,
     HANDLER_SECONDS,
     HOST,
     HOST_KEYS,
@@ -376,7 +377,7 @@ def run_phase(
         elif pid is None:
             problem = "a reply from a node no message was sent to"
         else:
-            problem = check(reply, pid)
+            problem = check(reply, pid) or seconds_problem(reply, time.perf_counter() - started)
         answered.add(node)
         if problem:
             log(WARNING, "%s: node %d (partition %s) failed: %s", name, node, pid, problem)
@@ -390,6 +391,22 @@ def run_phase(
     phase.bytes_received = payload_bytes(phase.accepted)
     phase.seconds = time.perf_counter() - started
     return phase
+
+
+def seconds_problem(reply: Message, elapsed: float) -> str:
+    """A client's seconds (``compute-seconds``, ``handler-seconds``) cannot exceed the
+    time since its message was sent, give or take clocks that run at other speeds: a
+    larger figure (1e308 summed over four replies is inf, which no JSON holds) would
+    break the round's record."""
+    if METRICS not in reply.content.metric_records:
+        return ""
+    metrics = reply.content[METRICS]
+    bound = elapsed * 1.05 + 5.0
+    for key in COST_SECONDS:
+        if key in metrics and metrics[key] > bound:
+            return (f"metric {key}={metrics[key]!r} is more than the {elapsed:.1f}s since the "
+                    "message was sent")  # fmt: skip
+    return ""
 
 
 def error_summary(*phases: Phase) -> list[dict[str, Any]]:

@@ -421,8 +421,11 @@ class PersonalizedStrategy(Strategy):
             return problem
         metrics = msg.content[METRICS]
         problem = reply_metrics_problem(
-            metrics, partition_id, (NUM_PROCESSED, *set(self.group_weights.values()))
-        )
+            metrics,
+            partition_id,
+            (NUM_PROCESSED, *set(self.group_weights.values())),
+            whole=(NUM_PROCESSED,),
+        ) or self.trained_params_problem(metrics)
         if problem:
             return problem
         keys = sorted(set(self.group_weights.values()))
@@ -448,6 +451,17 @@ class PersonalizedStrategy(Strategy):
                 {key: float(metrics[key]) for key in keys}
             )
         return problem
+
+    def trained_params_problem(self, metrics: Mapping[str, Any]) -> str:
+        """A client trains at most its copy of the global model and private parts of the
+        same shapes (FedReG's head_p, Ditto's personal model): never more than twice the
+        global model's parameters. A larger count would inflate the run's cost record."""
+        claimed = metrics.get(NUM_TRAINED_PARAMS)
+        bound = 2 * sum(int(v.size) for v in self._current.values())
+        if claimed is None or not self._current or claimed <= bound:
+            return ""
+        return (f"metric {NUM_TRAINED_PARAMS}={claimed!r} is above twice the global model's "
+                f"parameters ({bound})")  # fmt: skip
 
     def data_problem(self, msg: Message, partition_id: int) -> str:
         """A reply must come from a node holding the partition's samples (``data``'s
@@ -555,7 +569,7 @@ class PersonalizedStrategy(Strategy):
         counted = [PERSONAL_CORRECT, *([GLOBAL_CORRECT] if self.global_on_clients else [])]
         problem = reply_metrics_problem(
             metrics, partition_id, (NUM_TEST, *counted), whole=(NUM_TEST, *counted)
-        )
+        ) or self.trained_params_problem(metrics)
         if problem:
             return problem
         total = metrics[NUM_TEST]

@@ -42,10 +42,12 @@ from fedreg_app.protocol import (
     HOST_KEYS,
     METRICS,
     NUM_EXAMPLES,
+    NUM_PROCESSED,
     NUM_TEST,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
     STATE_RESETS,
+    STATE_ROUND,
 )
 from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import load_config
@@ -321,6 +323,22 @@ def _fractional_count(arrays, metrics):
     metrics[NUM_TRAINED_PARAMS] = 2.5
 
 
+def _huge_seconds(arrays, metrics):
+    metrics[COMPUTE_SECONDS] = 1e308  # finite, but four such replies sum to inf
+
+
+def _huge_trained_params(arrays, metrics):
+    metrics[NUM_TRAINED_PARAMS] = 10**15
+
+
+def _fractional_processed(arrays, metrics):
+    metrics[NUM_PROCESSED] = 2.5
+
+
+def _state_round_text(arrays, metrics):
+    metrics[STATE_ROUND] = 1.5
+
+
 def _inflated_first_claim(arrays, metrics):
     metrics[NUM_EXAMPLES] = 10**12  # its first reply: nothing said before to compare with
 
@@ -338,6 +356,10 @@ CRAFTED = {
     "cost list": (_cost_list, "compute-seconds=[1.0, 2.0, 3.0] is missing or not a number"),
     "cost nan": (_cost_nan, "handler-seconds=nan is not a finite number"),
     "fractional count": (_fractional_count, "num-trained-params=2.5 is not a whole count"),
+    "huge seconds": (_huge_seconds, "compute-seconds=1e+308 is more than the"),
+    "huge trained params": (_huge_trained_params, "num-trained-params=1000000000000000 is above"),
+    "fractional processed": (_fractional_processed, "num-processed=2.5 is not a whole count"),
+    "state round not whole": (_state_round_text, "state-round=1.5 is not a round"),
     "nan": (_nan, "NaN or infinite"),
     "shape": (_shape, "is float32[7], expected float32["),
     "extra key": (_extra_key, "unexpected ['head_p.0.weight']"),
