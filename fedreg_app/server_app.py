@@ -12,6 +12,7 @@ how it went (``completed``, ``degraded``, ``failed``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -81,6 +82,10 @@ from fedreg_app.training import count_correct, eval_batch_size, select_device
 from strategies.base import PersonalizedStrategy, reply_metrics_problem
 
 DISCOVERY_TIMEOUT_S = 600.0
+#: While discovery waits: how often it says which partitions have no node yet, and how
+#: long a node that gave no usable answer waits before it is asked again.
+DISCOVERY_NOTE_S = 30.0
+QUERY_RETRY_S = 30.0
 
 app = ServerApp()
 
@@ -159,13 +164,22 @@ def discover_partitions(
     grid: Grid, timeout: float = DISCOVERY_TIMEOUT_S
 ) -> tuple[PartitionMap, dict[int, NodeFacts]]:
     """Ask every connected node which partition it serves; wait until all partitions
-    have a node. Returns the map and each node's facts."""
+    have a node. Returns the map and each node's facts. While it waits it says which
+    partitions still have none (every :data:`DISCOVERY_NOTE_S`); a node that gave no
+    usable answer is asked again only after :data:`QUERY_RETRY_S` (each query starts a
+    ClientApp on it, and its error would fill the log every second)."""
     partitions: PartitionMap | None = None
     facts: dict[int, NodeFacts] = {}
-    deadline = time.monotonic() + timeout
+    unanswered: dict[int, float] = {}  # node -> when it last gave no usable answer
+    started = time.monotonic()
+    deadline, next_note = started + timeout, started + DISCOVERY_NOTE_S
     while True:
-        new_nodes = [n for n in grid.get_node_ids() if n not in facts]
-        for node, answer in query_nodes(grid, new_nodes).items():
+        now = time.monotonic()
+        new_nodes = [n for n in grid.get_node_ids() if n not in facts
+                     and now - unanswered.get(n, -math.inf) >= QUERY_RETRY_S]  # fmt: skip
+        answers = query_nodes(grid, new_nodes)
+        unanswered.update((n, now) for n in new_nodes if n not in answers)
+        for node, answer in answers.items():
             if partitions is None:
                 partitions = PartitionMap(answer.num_partitions)
             if answer.num_partitions != partitions.num_partitions:
@@ -173,14 +187,31 @@ def discover_partitions(
                     f"nodes disagree on num-partitions: {partitions.num_partitions} and "
                     f"{answer.num_partitions}"
                 )
-            partitions.assign(answer.partition_id, node)
+            note_replaced(answer.partition_id, node, partitions.assign(answer.partition_id, node))
             facts[node] = answer
         if partitions is not None and len(partitions) >= partitions.num_partitions:
             return partitions, facts
         if time.monotonic() > deadline:
             found = partitions.available() if partitions else []
             raise TimeoutError(f"after {timeout:.0f}s only partitions {found} have a node")
+        if time.monotonic() >= next_note:
+            have = partitions.available() if partitions else []
+            missing = (sorted(set(range(partitions.num_partitions)) - set(have))
+                       if partitions else "all (no node has answered yet)")  # fmt: skip
+            log(INFO, "waiting for the nodes of partitions %s (%d have one; %.0fs left)",
+                missing, len(have), deadline - time.monotonic())  # fmt: skip
+            next_note = time.monotonic() + DISCOVERY_NOTE_S
         time.sleep(1.0)
+
+
+def note_replaced(partition_id: int, node: int, replaced: int | None) -> None:
+    """A partition claimed by a second node: a restarted device before its old id
+    expired, or two nodes configured with one partition-id. The newer one serves it; if
+    it lacks the partition's private state, its next message counts the reset."""
+    if replaced is not None:
+        log(WARNING, "partition %d: node %d replaces node %d (a restarted device; if node %d "
+            "still runs, two nodes claim partition %d: stop one or give it its own "
+            "partition-id)", partition_id, node, replaced, replaced, partition_id)  # fmt: skip
 
 
 def refresh_partitions(grid: Grid, partitions: PartitionMap) -> None:
@@ -196,10 +227,7 @@ def refresh_partitions(grid: Grid, partitions: PartitionMap) -> None:
                 answer.num_partitions, partitions.num_partitions)  # fmt: skip
             partitions.retire(node)
             continue
-        replaced = partitions.assign(answer.partition_id, node)
-        if replaced is not None:  # a device restarted before its old id expired
-            log(WARNING, "partition %d: node %d replaces node %d", answer.partition_id, node,
-                replaced)  # fmt: skip
+        note_replaced(answer.partition_id, node, partitions.assign(answer.partition_id, node))
         log(INFO, "partition %d: served by node %d", answer.partition_id, node)
 
 

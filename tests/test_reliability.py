@@ -23,7 +23,7 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedreg_app import client_app
+from fedreg_app import client_app, server_app
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.data import PartitionKey, data_digest, split_digests
@@ -57,6 +57,7 @@ from tests.fake_data import copy_dataset, write_image_dataset
 from tests.holders import SERVERAPP, held_elsewhere
 from tests.inprocess import (
     Fault,
+    InProcessGrid,
     ServerKilled,
     assert_same_arrays,
     client_states,
@@ -1126,3 +1127,47 @@ def test_a_reply_delivered_twice_is_counted_once(base: dict[str, Any], tmp_path:
     once = {**config, "results-dir": str(tmp_path / "once")}
     assert run_server(once, faults=silent)[1] is None
     assert_same_arrays(final_model(tmp_path / "results"), final_model(tmp_path / "once"))
+
+
+class LateNodeGrid(InProcessGrid):
+    """Partition 3's node connects only at the 4th look; node 999 claims partition 4 of 4
+    (a misconfigured device: its query fails); node 1004 claims partition 1 as well."""
+
+    def __init__(self, run_config: dict[str, Any]) -> None:
+        super().__init__(run_config, 4)
+        self.late = self.contexts.pop(1003)
+        for node, pid in ((999, 4), (1004, 1)):
+            self.contexts[node] = Context(
+                run_id=1, node_id=node, state=RecordDict(), run_config=dict(run_config),
+                node_config={"partition-id": pid, "num-partitions": 4},
+            )  # fmt: skip
+        self.looks, self.queried = 0, []
+
+    def get_node_ids(self) -> list[int]:
+        self.looks += 1
+        if self.looks == 4:
+            self.contexts[1003] = self.late
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.queried += [m.metadata.dst_node_id for m in messages]
+        return super().push_messages(messages)
+
+
+def test_discovery_says_what_it_waits_for_and_asks_a_failing_node_again_only_now_and_then(
+    base: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Discovery asked a node whose query failed once a second (each ask starts a
+    ClientApp on it, each failure a log line), said nothing of the partitions it waited
+    for, and let a second node claiming a partition replace the first without a word."""
+    monkeypatch.setattr(server_app, "DISCOVERY_NOTE_S", 0.0)
+    monkeypatch.setattr(server_app, "QUERY_RETRY_S", 60.0)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as run_server
+    grid = LateNodeGrid(base)
+    with caplog.at_level("INFO"):
+        partitions, _ = server_app.discover_partitions(grid, timeout=30)
+    assert partitions.available() == [0, 1, 2, 3] and partitions.node_of(3) == 1003
+    assert grid.looks == 4 and grid.queried.count(999) == 1  # not at every look
+    assert "waiting for the nodes of partitions [3] (3 have one" in caplog.text
+    assert "two nodes claim partition 1" in caplog.text
