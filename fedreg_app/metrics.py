@@ -27,7 +27,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -520,11 +520,15 @@ def kept_rounds_problem(
     results.json copied in, or rounds edited) would be published as this run's."""
     if not isinstance(document, dict) or not isinstance(document.get("run"), dict):
         return "expected a JSON object with run and rounds"
+    if not is_whole(document["run"].get("run_id")):
+        return f"run.run_id is {document['run'].get('run_id')!r}; expected the run's id"
     rounds = document.get("rounds")
     if not isinstance(rounds, list) or len(rounds) < after_round:
         held = len(rounds) if isinstance(rounds, list) else rounds
         return f"it holds {held!r} rounds, fewer than the checkpoint's"
     known = {f.name for f in fields(RoundRecord)}
+    required = [f.name for f in fields(RoundRecord)
+                if f.default is MISSING and f.default_factory is MISSING]  # fmt: skip
     for number, record in enumerate(rounds[:after_round], start=1):
         problem = round_problem(record, number)
         if problem:
@@ -532,6 +536,9 @@ def kept_rounds_problem(
         unknown = sorted(set(record) - known)
         if unknown:
             return f"round {number} has keys this version does not know: {unknown[:3]}"
+        missing = [key for key in required if key not in record]
+        if missing:
+            return f"round {number} lacks {missing[:3]}"
     if seal is not None:
         run_id = document["run"].get("run_id")
         if run_id != seal["run_id"]:

@@ -305,8 +305,10 @@ def results_document(
         "global_accuracy": 0.5,
         "personal_accuracy": 0.7,
         "personal_accuracy_answered": 0.7,
+        "personal_accuracy_std": 0.1,
         "train_seconds": 1.0,
         "eval_seconds": 1.0,
+        "num_train_examples": 100,
         "train_replies": 3,
         "train_failures": 0,
         "eval_replies": 3,
@@ -325,6 +327,7 @@ def results_document(
     partial = {
         **whole,
         "personal_accuracy": None,
+        "personal_accuracy_std": None,
         "train_replies": 2,
         "train_failures": 1,
         "eval_replies": 2,
@@ -350,7 +353,7 @@ def results_document(
         "config": config or {"algo": "fedreg", "dataset": "zalando-datasets/fashion_mnist",
                              "alpha": 0.1, "fraction-train": 0.25, "local-epochs": 1,
                              "batch-size": 10},
-        "run": {"status": status, "num_clients": clients,
+        "run": {"status": status, "run_id": 1, "num_clients": clients,
                 **({"error": "RuntimeError: CUDA out of memory\nsecond line"}
                    if status == "failed" else {})},
         "rounds": rounds,
@@ -839,6 +842,8 @@ def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path
         (lambda d: d["rounds"].pop(), "it holds 1 rounds, fewer than the checkpoint's"),
         (lambda d: d["rounds"][0].update(global_accuracy=1.7), "round 1: global_accuracy is 1.7"),
         (lambda d: d.pop("rounds"), "rounds is not a list"),
+        (lambda d: d["rounds"][1].pop("global_accuracy"), "round 2 lacks ['global_accuracy']"),
+        (lambda d: d["run"].pop("run_id"), "run.run_id is None; expected the run's id"),
     ],
 )
 def test_a_results_file_that_cannot_give_a_resume_its_rounds_is_damaged(
