@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import log
 
 from clients.base import ClientProcedure, ClientSetup
-from fedreg_app.client_state import VersionedState
+from fedreg_app.client_state import MISSING_VERSION, VersionedState
 from fedreg_app.config import ConfigError, RunConfig, check_dataset_path, is_count
 from fedreg_app.data import (
     DatasetInfo,
@@ -187,7 +187,15 @@ def persistent_state(
     of another partition or run, go to the outcome's ``resets`` (they start afresh)."""
     outcome = StateOutcome()
     state_dir = state_dir_of(NodeSettings.from_context(context), setup.config)
-    if state_dir is None:
+    if state_dir is None:  # the state lives in context.state, as long as the node runs
+        held = state_held_of(msg, server_round)
+        if held is not None:  # the partition kept its state on disk on another node
+            outcome.version = 0  # none on disk here: the server stops asking for it
+            if held > 0 and not any(isinstance(r, ArrayRecord) for r in context.state.values()):
+                log(WARNING, "partition %d: the server knows of its state of round %d, but "
+                    "this node keeps none (no state-dir); it starts afresh",
+                    setup.data.partition_id, held)  # fmt: skip
+                outcome.resets.append(MISSING_VERSION)
         yield outcome
         return
     # The ServerApp names the run's state (the same across a server resume, which gets a

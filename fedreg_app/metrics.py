@@ -137,6 +137,11 @@ class RoundRecord:
         return round_degraded(vars(self))
 
 
+#: Which rounds make a run ``degraded`` (``run.status_rule``): 1, a reply missing or
+#: rejected or a client not evaluated (files of earlier versions, which name no rule);
+#: 2, also a client whose private state started afresh (``state_resets``).
+STATUS_RULE = 2
+
 #: The run-level figures of a results file, each the best of a per-round field.
 BEST_OF = {
     "best_global_accuracy": "global_accuracy",
@@ -352,21 +357,26 @@ def status_problem(document: dict[str, Any]) -> str | None:
     planned = planned_rounds(document)
     if planned is not None and len(rounds) != planned:
         return f"status {status!r} but it records {len(rounds)} of the {planned} rounds"
-    degraded = [r["round"] for r in rounds if round_degraded(r)]
+    rule = document["run"].get("status_rule", 1)  # files of earlier versions: rule 1
+    if type(rule) is not int or not 1 <= rule <= STATUS_RULE:
+        return f"run.status_rule is {rule!r}; expected 1 to {STATUS_RULE}"
+    degraded = [r["round"] for r in rounds if round_degraded(r, rule)]
     if (status == DEGRADED) != bool(degraded):
         which = f"rounds {degraded[:3]} are degraded" if degraded else "no round is degraded"
         return f"status {status!r} but {which}"
     return None
 
 
-def round_degraded(record: dict[str, Any]) -> bool:
+def round_degraded(record: dict[str, Any], rule: int = STATUS_RULE) -> bool:
     """Whether a round (a :class:`RoundRecord`'s fields, or a round as written) had a
-    reply missing or rejected, a client not evaluated, or a client whose private state
-    started afresh (its figures are not those of a client that kept it)."""
+    reply missing or rejected, a client not evaluated, or (``rule`` 2, this version's) a
+    client whose private state started afresh (its figures are not those of a client
+    that kept it)."""
     coverage = record.get("personal_coverage")
     incomplete = coverage is not None and coverage["clients"] < coverage["of_clients"]
+    resets = rule >= 2 and bool(record.get("state_resets"))
     return bool(record.get("train_failures") or record.get("eval_failures") or incomplete
-                or record.get("state_resets"))  # fmt: skip
+                or resets)  # fmt: skip
 
 
 def _best(values: list[float | None]) -> float | None:
@@ -391,7 +401,8 @@ class ResultsWriter:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.config = config
-        self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run, "status": RUNNING}
+        self.run = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), **run, "status": RUNNING,
+                    "status_rule": STATUS_RULE}  # fmt: skip
         self.run.pop("error", None)
         self.rounds: list[RoundRecord] = list(rounds or [])
         self.events = TensorBoardLog(folder, self.rounds) if tensorboard else None
@@ -504,9 +515,13 @@ class ResultsWriter:
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())
 
 
-def rounds_sha256(rounds: list[Any]) -> str:
-    """A digest of round records as ``results.json`` holds them (parsed JSON)."""
-    text = json.dumps(rounds, sort_keys=True, separators=(",", ":"), allow_nan=True)
+def rounds_sha256(rounds: list[dict[str, Any]]) -> str:
+    """A digest of round records as ``results.json`` holds them (parsed JSON), in their
+    normal form: every field of this version, its default where a round written by an
+    earlier version lacks it. A resume rewrites its kept rounds in that form, so a later
+    resume from the same checkpoint still finds the rounds it sealed."""
+    normal = [asdict(RoundRecord(**r)) for r in rounds]
+    text = json.dumps(normal, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -190,6 +190,7 @@ def discover_partitions(
             note_replaced(answer.partition_id, node, partitions.assign(answer.partition_id, node))
             facts[node] = answer
         if partitions is not None and len(partitions) >= partitions.num_partitions:
+            partitions.unanswered.update(unanswered)  # refresh_partitions goes on from it
             return partitions, facts
         if time.monotonic() > deadline:
             found = partitions.available() if partitions else []
@@ -221,7 +222,10 @@ def refresh_partitions(grid: Grid, partitions: PartitionMap) -> None:
     live = set(grid.get_node_ids())
     for pid, node in partitions.forget_gone(live):
         log(WARNING, "partition %d: node %d is gone; skipped until it returns", pid, node)
-    for node, answer in query_nodes(grid, sorted(live - partitions.known_nodes())).items():
+    asked, now = partitions.to_ask(live, time.monotonic(), QUERY_RETRY_S), time.monotonic()
+    answers = query_nodes(grid, asked)
+    partitions.unanswered.update((n, now) for n in asked if n not in answers)
+    for node, answer in answers.items():
         if answer.num_partitions != partitions.num_partitions:
             log(WARNING, "node %d serves 1 of %d partitions, not of %d; ignored", node,
                 answer.num_partitions, partitions.num_partitions)  # fmt: skip

@@ -495,6 +495,26 @@ def test_a_client_reports_the_version_it_holds_and_counts_one_the_server_knows_b
     assert lost.content[METRICS][STATE_RESETS] == 1 and lost.content[METRICS][STATE_ROUND] == 3
 
 
+def test_a_node_without_a_state_dir_that_takes_a_partition_over_counts_the_lost_state(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """A node without a state-dir keeps its state in memory only; given a partition whose
+    state the server knows of on another node's disk, it starts afresh: counted, and it
+    reports that it holds none on disk, so the server asks no more. A node that already
+    holds records in memory counts nothing."""
+    run_config = {**node_config(grey_dataset, tmp_path / "unused"), "state-dir": ""}
+    context = node_context(run_config)
+    taken = client_app.train(message_with(context, 3, honest_arrays(context), {STATE_HELD: 2}),
+                             context)  # fmt: skip
+    assert taken.content[METRICS][STATE_RESETS] == 1 and taken.content[METRICS][STATE_ROUND] == 0
+    kept = client_app.train(message_with(context, 4, honest_arrays(context), {STATE_HELD: 2}),
+                            context)  # fmt: skip  # the same node, its records in memory now
+    assert kept.content[METRICS][STATE_RESETS] == 0
+    fresh = node_context(run_config)
+    plain = client_app.train(message_with(fresh, 5, honest_arrays(fresh)), fresh)
+    assert STATE_ROUND not in plain.content[METRICS]  # nothing asked, nothing said
+
+
 def test_other_crafted_server_messages_are_refused_naming_what_is_wrong(
     grey_dataset: Path, tmp_path: Path
 ) -> None:

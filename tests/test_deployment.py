@@ -118,6 +118,8 @@ def test_a_killed_supernode_rejoins_with_its_private_head(
     # committed before it died in round 2: its optimizers' momentum and head_p of round 1
     after_restart = node_log.split("Starting Flower SuperNode")[-1]
     assert re.search(r"partition 1: restored [\w\-, ]*head_p of round 1 ", after_restart), node_log
+    # with its state-dir intact it lost nothing: no round counts a reset (state-held)
+    assert [r["state_resets"] for r in results["rounds"]] == [0, 0, 0, 0]
 
 
 def test_a_server_killed_mid_round_resumes_to_the_uninterrupted_numbers(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from fedreg_app import client_app, server_app
 from fedreg_app.checkpoint import Checkpoint
 from fedreg_app.config import ConfigError
 from fedreg_app.data import PartitionKey, data_digest, split_digests
-from fedreg_app.metrics import client_error
+from fedreg_app.metrics import RoundRecord, client_error, rounds_sha256, status_problem
 from fedreg_app.models import group_of, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import RUN_FOLDER_LOCK, FolderInUseError
@@ -1159,8 +1160,10 @@ def test_discovery_says_what_it_waits_for_and_asks_a_failing_node_again_only_now
     base: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Discovery asked a node whose query failed once a second (each ask starts a
-    ClientApp on it, each failure a log line), said nothing of the partitions it waited
-    for, and let a second node claiming a partition replace the first without a word."""
+    ClientApp on it, each failure a log line), and the refresh before every round (every
+    5 s while waiting for clients) asked it again; it said nothing of the partitions it
+    waited for, and let a second node claiming a partition replace the first without a
+    word."""
     monkeypatch.setattr(server_app, "DISCOVERY_NOTE_S", 0.0)
     monkeypatch.setattr(server_app, "QUERY_RETRY_S", 60.0)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as run_server
@@ -1171,3 +1174,37 @@ def test_discovery_says_what_it_waits_for_and_asks_a_failing_node_again_only_now
     assert grid.looks == 4 and grid.queried.count(999) == 1  # not at every look
     assert "waiting for the nodes of partitions [3] (3 have one" in caplog.text
     assert "two nodes claim partition 1" in caplog.text
+    for _ in range(3):  # before each round, and while waiting for clients: not asked again
+        server_app.refresh_partitions(grid, partitions)
+    assert grid.queried.count(999) == 1
+    monkeypatch.setattr(server_app, "QUERY_RETRY_S", 0.0)  # its time has come
+    server_app.refresh_partitions(grid, partitions)
+    assert grid.queried.count(999) == 2
+
+
+def test_a_seal_holds_when_a_later_version_rewrites_the_kept_rounds_with_new_fields() -> None:
+    """A resume rewrites the rounds it keeps with this version's fields (their defaults
+    where an earlier version's file lacks them); killed again before the next checkpoint,
+    the next resume must still find the rounds the checkpoint sealed."""
+    old = [{"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
+            "personal_accuracy_std": 0.1, "train_seconds": 1.0, "eval_seconds": 1.0,
+            "num_train_examples": 10}]  # fmt: skip
+    rewritten = json.loads(json.dumps([asdict(RoundRecord(**r)) for r in old]))
+    assert set(rewritten[0]) > set(old[0])
+    assert rounds_sha256(rewritten) == rounds_sha256(old)
+    assert rounds_sha256([{**old[0], "global_accuracy": 0.51}]) != rounds_sha256(old)
+
+
+def test_state_resets_degrade_the_runs_of_this_version_only() -> None:
+    """Before this version a round whose only flaw was a state reset was `completed`:
+    such files still read as they were written; a run of this version (``status_rule``
+    2) with a reset must say `degraded`; a rule nobody wrote is refused."""
+    round_ = {"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
+              "train_seconds": 1.0, "eval_seconds": 1.0, "state_resets": 1}  # fmt: skip
+    earlier = {"run": {"status": "completed"}, "rounds": [round_], "config": {}}
+    assert status_problem(earlier) is None
+    ours = {**earlier, "run": {"status": "completed", "status_rule": 2}}
+    assert "status 'completed' but rounds [1] are degraded" in status_problem(ours)
+    assert status_problem({**earlier, "run": {"status": "degraded", "status_rule": 2}}) is None
+    crafted = {**earlier, "run": {"status": "completed", "status_rule": "2"}}
+    assert "run.status_rule is '2'" in status_problem(crafted)
