@@ -129,6 +129,9 @@ class RoundRecord:
     #: Where each client that trained this round ran: partition -> {"hostname", and in a
     #: simulation "ray-node"} (a Ray cluster run shows its spread over the nodes).
     client_hosts: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: Training replies were accepted, but fewer than ``min-train-replies``: the global
+    #: model stayed as it was this round (those clients' private parts did train).
+    global_model_kept: bool = False
 
     @property
     def degraded(self) -> bool:

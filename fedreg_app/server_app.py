@@ -322,6 +322,8 @@ class Phase:
     bytes_sent: int = 0
     bytes_received: int = 0
     seconds: float = 0.0
+    #: Training: replies were accepted but not aggregated (fewer than min-train-replies).
+    model_kept: bool = False
 
     def check_usable(self, server_round: int) -> None:
         """Messages went out and not one usable reply came back: stop the run (a bug or a
@@ -519,6 +521,7 @@ def train_round(
     strategy.note_trained(int(m.content[METRICS][PARTITION_ID]) for m in training.accepted)
     strategy.note_state_versions(training.accepted, server_round)
     aggregated, metrics = strategy.aggregate_train(server_round, training.accepted)
+    training.model_kept = aggregated is None and bool(training.accepted)
     if aggregated is not None:
         check_finite_aggregate(from_record(aggregated), server_round, len(training.accepted))
     training.seconds = time.perf_counter() - started
@@ -687,6 +690,7 @@ def round_record(
         dp_epsilon=strategy.privacy_epsilon(),
         client_hosts=client_hosts(training.accepted),
         state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
+        global_model_kept=training.model_kept and strategy.has_global_model,
     )
 
 
@@ -740,6 +744,8 @@ def round_line(record: RoundRecord, num_rounds: int) -> str:
             f" | DEGRADED: {record.train_failures} train / {record.eval_failures} eval "
             f"failures; personal over answered {pct(record.personal_accuracy_answered)}"
         ) + (f"; {record.state_resets} state resets" if record.state_resets else "")
+    if record.global_model_kept:
+        line += f" | global model kept ({record.train_replies} replies < min-train-replies)"
     return line
 
 

@@ -1208,3 +1208,24 @@ def test_state_resets_degrade_the_runs_of_this_version_only() -> None:
     assert status_problem({**earlier, "run": {"status": "degraded", "status_rule": 2}}) is None
     crafted = {**earlier, "run": {"status": "completed", "status_rule": "2"}}
     assert "run.status_rule is '2'" in status_problem(crafted)
+
+
+def test_a_round_short_of_min_train_replies_keeps_the_global_model_and_says_so(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """With min-train-replies=2 and one of the two sampled clients failing, the round's
+    one update is not aggregated: the global model stays as it was, and the record now
+    says so (before, only `num_train_examples` 0 beside `train_replies` 1 hinted at it)."""
+    config = {**base, "algo": "fedavg", "num-server-rounds": 2, "min-train-replies": 2}
+    strategy = FedReGStrategy(load_config(config))  # sampling is the same for every algo
+    strategy.set_partitions(PartitionMap(4, {p: 1000 + p for p in range(4)}))
+    victim = [strategy.sample_partitions(r) for r in (1, 2)][1][0]  # sampled in round 2
+    faults = {(TRAIN, 2, victim): raising(ConnectionError("dropped"))}
+    assert run_server(config, faults=faults)[1] is None
+    first, second = results(tmp_path / "results")["rounds"]
+    assert not first["global_model_kept"] and first["train_replies"] == 2
+    assert second["global_model_kept"] and second["train_replies"] == 1
+    assert second["num_train_examples"] == 0
+    once = {**config, "num-server-rounds": 1, "results-dir": str(tmp_path / "once")}
+    assert run_server(once)[1] is None
+    assert_same_arrays(final_model(tmp_path / "results"), final_model(tmp_path / "once"))
