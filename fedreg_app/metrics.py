@@ -498,8 +498,9 @@ class ResultsWriter:
 
     def seal(self) -> dict[str, Any]:
         """What a checkpoint made now records of this file: the run id and a sha256 of
-        its rounds as they are on disk (read back, so a resume hashes the same values)."""
-        rounds = json.loads(self.json_path.read_text())["rounds"]
+        its rounds as they are on disk (the text just written, parsed: a resume hashes the
+        same values)."""
+        rounds = json.loads(self._written)["rounds"]
         return {"run_id": self.run["run_id"], "rounds_sha256": rounds_sha256(rounds)}
 
     def _write(self) -> None:
@@ -509,7 +510,8 @@ class ResultsWriter:
             "rounds": [asdict(r) for r in self.rounds],
             **self.summary(),
         }
-        write_text_atomic(self.json_path, json_text(document))
+        self._written = json_text(document)  # what the file now holds, for seal()
+        write_text_atomic(self.json_path, self._written)
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(CSV_COLUMNS)

@@ -16,7 +16,8 @@ class PartitionMap:
         self.num_partitions = num_partitions
         self._nodes: dict[int, int] = dict(nodes or {})  # partition id -> node id
         self._retired: set[int] = set()
-        #: Nodes whose last query brought no usable answer -> when (``time.monotonic``).
+        #: Nodes whose last query brought no usable answer -> when (``time.monotonic``):
+        #: they are asked again only after a while (each query starts a ClientApp).
         self.unanswered: dict[int, float] = {}
 
     def __len__(self) -> int:
@@ -38,13 +39,6 @@ class PartitionMap:
     def known_nodes(self) -> set[int]:
         """Nodes already mapped or retired: they need not be asked again."""
         return set(self._nodes.values()) | self._retired
-
-    def to_ask(self, live_nodes: Iterable[int], now: float, retry: float) -> list[int]:
-        """Live nodes neither mapped nor retired, less those whose query failed within the
-        last ``retry`` seconds (each query starts a ClientApp on the node)."""
-        known = self.known_nodes()
-        return sorted(n for n in live_nodes if n not in known
-                      and now - self.unanswered.get(n, float("-inf")) >= retry)  # fmt: skip
 
     def forget_gone(self, live_nodes: Iterable[int]) -> list[tuple[int, int]]:
         """Drop partitions whose node is no longer connected; returns (partition, node)."""

@@ -174,12 +174,8 @@ def discover_partitions(
     started = time.monotonic()
     deadline, next_note = started + timeout, started + DISCOVERY_NOTE_S
     while True:
-        now = time.monotonic()
-        new_nodes = [n for n in grid.get_node_ids() if n not in facts
-                     and now - unanswered.get(n, -math.inf) >= QUERY_RETRY_S]  # fmt: skip
-        answers = query_nodes(grid, new_nodes)
-        unanswered.update((n, now) for n in new_nodes if n not in answers)
-        for node, answer in answers.items():
+        new_nodes = [n for n in grid.get_node_ids() if n not in facts]
+        for node, answer in query_due_nodes(grid, new_nodes, unanswered).items():
             if partitions is None:
                 partitions = PartitionMap(answer.num_partitions)
             if answer.num_partitions != partitions.num_partitions:
@@ -205,6 +201,18 @@ def discover_partitions(
         time.sleep(1.0)
 
 
+def query_due_nodes(
+    grid: Grid, nodes: Iterable[int], unanswered: dict[int, float]
+) -> dict[int, NodeFacts]:
+    """:func:`query_nodes` for those of ``nodes`` that did not fail a query within the
+    last :data:`QUERY_RETRY_S` seconds (``unanswered``: node -> when, updated here)."""
+    now = time.monotonic()
+    asked = sorted(n for n in nodes if now - unanswered.get(n, -math.inf) >= QUERY_RETRY_S)
+    answers = query_nodes(grid, asked)
+    unanswered.update((n, now) for n in asked if n not in answers)
+    return answers
+
+
 def note_replaced(partition_id: int, node: int, replaced: int | None) -> None:
     """A partition claimed by a second node: a restarted device before its old id
     expired, or two nodes configured with one partition-id. The newer one serves it; if
@@ -222,10 +230,8 @@ def refresh_partitions(grid: Grid, partitions: PartitionMap) -> None:
     live = set(grid.get_node_ids())
     for pid, node in partitions.forget_gone(live):
         log(WARNING, "partition %d: node %d is gone; skipped until it returns", pid, node)
-    asked, now = partitions.to_ask(live, time.monotonic(), QUERY_RETRY_S), time.monotonic()
-    answers = query_nodes(grid, asked)
-    partitions.unanswered.update((n, now) for n in asked if n not in answers)
-    for node, answer in answers.items():
+    new_nodes = live - partitions.known_nodes()
+    for node, answer in query_due_nodes(grid, new_nodes, partitions.unanswered).items():
         if answer.num_partitions != partitions.num_partitions:
             log(WARNING, "node %d serves 1 of %d partitions, not of %d; ignored", node,
                 answer.num_partitions, partitions.num_partitions)  # fmt: skip

@@ -440,36 +440,24 @@ def test_a_train_message_without_the_arrays_its_phase_trains_is_refused_untouche
     assert snapshot(tmp_path / "state") == before
 
 
-@pytest.mark.parametrize("crafted", [True, 1.5, 3])
-def test_a_state_key_that_is_not_a_name_is_refused_untouched(
-    grey_dataset: Path, tmp_path: Path, crafted: Any
+@pytest.mark.parametrize(
+    ("key", "crafted"),
+    [(STATE_KEY, v) for v in (True, 1.5, 3)] + [(STATE_HELD, v) for v in (True, -1, 3, 1.0, "1")],
+)
+def test_a_crafted_state_key_or_state_held_is_refused_untouched(
+    grey_dataset: Path, tmp_path: Path, key: str, crafted: Any
 ) -> None:
-    """``True`` or ``1.5`` were made strings: the node's state went to ``runs/True`` and
-    its personalization silently started afresh, uncounted."""
+    """A ``state-key`` of ``True`` or ``1.5`` was made a string: the node's state went to
+    ``runs/True`` and its personalization silently started afresh, uncounted. A
+    ``state-held`` (which of its versions the server knows of) that is no round up to the
+    message's (here 2) is refused too, before the state is read."""
     run_config = node_config(grey_dataset, tmp_path / "state")
     context = node_context(run_config)
     client_app.train(message_with(context, 1, honest_arrays(context)), context)
     before = snapshot(tmp_path / "state")
     context = node_context(run_config)
-    message = message_with(context, 2, honest_arrays(context), {STATE_KEY: crafted})
-    with pytest.raises(ValueError, match=f"{STATE_KEY}={crafted!r}"):
-        client_app.train(message, context)
-    assert snapshot(tmp_path / "state") == before
-
-
-@pytest.mark.parametrize("crafted", [True, -1, 3, 1.0, "1"])
-def test_a_state_held_that_is_not_a_round_so_far_is_refused_untouched(
-    grey_dataset: Path, tmp_path: Path, crafted: Any
-) -> None:
-    """``state-held`` tells a client which of its versions the server knows of; a value
-    that is no round up to the message's (here 2) is refused before the state is read."""
-    run_config = node_config(grey_dataset, tmp_path / "state")
-    context = node_context(run_config)
-    client_app.train(message_with(context, 1, honest_arrays(context)), context)
-    before = snapshot(tmp_path / "state")
-    context = node_context(run_config)
-    message = message_with(context, 2, honest_arrays(context), {STATE_HELD: crafted})
-    with pytest.raises(ValueError, match=f"{STATE_HELD}={crafted!r}"):
+    message = message_with(context, 2, honest_arrays(context), {key: crafted})
+    with pytest.raises(ValueError, match=f"{key}={crafted!r}"):
         client_app.train(message, context)
     assert snapshot(tmp_path / "state") == before
 
