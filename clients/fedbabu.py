@@ -3,13 +3,16 @@ during federated training; only the base is trained (E epochs) and aggregated.
 
 Personal model (``finetune-when``):
 
-- ``"final"`` (default), as PFLlib runs it (``servers/serverbabu.py``: ``client.fine_tune()``
+- ``"final"`` (default), when PFLlib fine-tunes (``servers/serverbabu.py``: ``client.fine_tune()``
   for every client once the rounds are over, then one evaluation): before the last round
   (``server_round == num-server-rounds``) a client's personal model is the global base
   with the shared initial head, the global model itself (P = G in every earlier round,
   as the FedReG paper's Table 2 has it for FMNIST, G = P = 80.49%); at the final round's
   evaluation each client fine-tunes the head ``finetune-epochs`` (10) epochs on its
-  train split and tests that, the run's final personal accuracy.
+  train split and tests that, the run's final personal accuracy. It starts from the
+  final aggregated base; PFLlib, which sends no model after the last aggregation,
+  fine-tunes each client's model as it stands: a client trained in the last round its
+  own locally trained base, the others the previous round's global base.
 - ``"every-eval"``: that fine-tuning before every evaluation (this project's earlier
   behaviour), so every round reports a fine-tuned personal accuracy.
 

@@ -38,7 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from fedreg_app.config import PLACE_KEYS, ConfigError, RunConfig, is_count, is_whole
+from fedreg_app.config import (
+    PLACE_KEYS,
+    ConfigError,
+    RunConfig,
+    as_ran,
+    is_count,
+    is_whole,
+)
 from fedreg_app.persist import (
     READ_ERRORS,
     file_sha256,
@@ -147,7 +154,7 @@ class Checkpoint:
         """A resumed run must be the same experiment: same algorithm, data, seed, ...;
         ``fixed``: keys of :data:`RESUMABLE_CHANGES` the algorithm needs kept too."""
         now = config.to_run_config()
-        for key, then in sorted(self.run_config.items()):
+        for key, then in sorted(as_ran(self.run_config).items()):  # an earlier version's too
             if (key in RESUMABLE_CHANGES and key not in fixed) or now.get(key, then) == then:
                 continue
             why = (
@@ -364,6 +371,31 @@ def _clients_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | Non
     if not is_count(number) or not sizes_ok or not digests_ok:
         raise _fail(path, f"has no valid 'clients' record (got {clients!r:.80})")
     return clients
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What a run folder's checkpoint says of its ``results.json``, read from
+    ``state.json`` alone (no arrays): the round it holds, the rounds' seal and the run
+    config it was made with."""
+
+    round: int
+    results: dict[str, Any] | None
+    run_config: dict[str, Any]
+
+
+def read_seal(run_folder: Path) -> Seal | None:
+    """The seal of a run folder's checkpoint; None where it has none, or one that cannot
+    be read (nothing to hold the record to: a committed record, an earlier version's)."""
+    state_path = run_folder / FOLDER / STATE
+    if not state_path.is_file():
+        return None
+    try:
+        state = _read_state(state_path)
+        return Seal(_field(state, "round", int, state_path), _results_field(state, state_path),
+                    as_ran(_field(state, "run_config", dict, state_path)))  # fmt: skip
+    except ConfigError:
+        return None
 
 
 def _results_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | None:

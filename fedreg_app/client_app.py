@@ -126,8 +126,28 @@ def _validated(items: frozenset) -> RunConfig:
 
 
 def run_config_of(context: Context) -> RunConfig:
-    """The run config, validated as the server validated it (once per process and run)."""
-    return _validated(frozenset(context.run_config.items()))
+    """The run config, validated as the server validated it (once per process and run),
+    with the node's own ``dataset-path`` in place of the run config's: that one is the
+    server's copy, which a device need not have at that path (or at all)."""
+    items = dict(context.run_config)
+    node_path, server_path = context.node_config.get(DATASET_PATH), items.get(DATASET_PATH)
+    if node_path:
+        require_dataset(str(node_path), "this node's --node-config dataset-path")
+        items[DATASET_PATH] = str(node_path)
+    elif server_path:
+        hint = " (the server's copy; give this node its own: --node-config dataset-path=...)"
+        require_dataset(str(server_path), "the run config's dataset-path", hint)
+    return _validated(frozenset(items.items()))
+
+
+def require_dataset(path: str, named: str, hint: str = "") -> None:
+    """A short ConfigError (it travels in the query's error reply, which the server
+    shortens) when ``path`` is not a dataset folder on this node."""
+    try:
+        check_dataset_path(path)
+    except ConfigError:
+        where = Path(path).expanduser().resolve()
+        raise ConfigError(f"{named}={path!r}: no train.parquet in {where}{hint}") from None
 
 
 def client_setup(context: Context) -> ClientSetup:
@@ -135,9 +155,6 @@ def client_setup(context: Context) -> ClientSetup:
     node = NodeSettings.from_context(context)
     if node.num_threads > 0:  # several SuperNodes on one device: don't oversubscribe it
         torch.set_num_threads(node.num_threads)
-    if node.dataset_path:
-        check_dataset_path(node.dataset_path)
-        config = dataclasses.replace(config, dataset_path=node.dataset_path)
     key = PartitionKey.from_config(config, node.num_partitions)
     state_dir = state_dir_of(node, config)
     cache = data_cache_folder(state_dir, key) if state_dir else None

@@ -109,6 +109,7 @@ class RunConfig:
     dataset_path: str = ""
     alpha: float = 0.1
     partition: str = "dirichlet"
+    dirichlet_balance: bool = True
     shard_classes: int = 2
     participation_gamma: float = 0.0
     data_fraction: float = 1.0
@@ -370,14 +371,36 @@ def is_whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+#: Keys added after runs were recorded, whose default is not what those runs did: the
+#: value with which a recorded config that lacks the key ran (before session 31 every
+#: Dirichlet partition was drawn without self-balancing; before issue 14, optimizers were
+#: made afresh, FedReG ran its steps in sequence, Ditto's personal model started from
+#: the global one and FedBABU fine-tuned before every evaluation). Read every recorded
+#: config through :func:`as_ran`, or an old record passes for today's default setting.
+EARLIER_MEANING: dict[str, Any] = {
+    "dirichlet-balance": False,
+    "optimizer-state": "fresh",
+    "fedreg-schedule": "sequential",
+    "ditto-personal-init": "global",
+    "finetune-when": "every-eval",
+}
+
+
+def as_ran(recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded run config with the keys its version lacked set to what it did."""
+    return {**{k: v for k, v in EARLIER_MEANING.items() if k not in recorded}, **recorded}
+
+
 def setting_differences(
     ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Iterable[str] = ()
 ) -> list[str]:
     """Where two recorded run configs are not one setting: ``key=ours, not theirs`` for
     each key both record with different values, leaving out :data:`PLACE_KEYS` and
-    ``ignore`` (a key one record lacks was written by a version without it: not judged).
-    Why: figures are published per setting, so runs of another setting must never be
-    counted as this one's (a finished run of an edited config, a seed run elsewhere)."""
+    ``ignore``; a key one record lacks is read as its version ran it (:func:`as_ran`) or,
+    where that is not known, not judged. Why: figures are published per setting, so runs
+    of another setting must never be counted as this one's (a finished run of an edited
+    config, a seed run elsewhere, a run of an earlier version)."""
+    ours, theirs = as_ran(ours), as_ran(theirs)
     skipped = PLACE_KEYS | set(ignore)
     return [
         f"{key}={ours[key]!r}, not {theirs[key]!r}"

@@ -30,6 +30,8 @@ def read_idx(path: Path, dims: int) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as handle:
         raw = handle.read()
+    if len(raw) < 4 + 4 * dims:
+        raise ValueError(f"{path}: {len(raw)} bytes, shorter than an IDX header (truncated?)")
     magic = int.from_bytes(raw[:4], "big")
     if magic != IDX_MAGIC[dims]:
         raise ValueError(f"{path}: not an IDX file of {dims} dimensions (magic {magic:#x})")
@@ -58,31 +60,59 @@ def class_names(folder: Path, split: str, labels: np.ndarray) -> list[str]:
 
 
 def convert_emnist(source: Path, target: Path, split: str) -> list[Path]:
-    """Write ``target/train.parquet`` and ``target/test.parquet``; returns their paths."""
+    """Write ``target/train.parquet`` and ``target/test.parquet``; returns their paths.
+    Both parts are read and checked before either file is written, and each is written
+    under a temporary name and renamed: a failure leaves the target as it was, never a
+    new ``train.parquet`` beside an old ``test.parquet``."""
+    if split not in EMNIST_SPLITS:
+        raise ValueError(f"split={split!r} is not allowed: expected one of {EMNIST_SPLITS}")
+    parts = {part: read_part(source, split, part) for part in ("train", "test")}
+    target.mkdir(parents=True, exist_ok=True)
+    staged = {part: write_part(*arrays, class_names(source, split, arrays[1]), target, part)
+              for part, arrays in parts.items()}  # fmt: skip
+    written = []
+    for part, temporary in staged.items():
+        path = target / f"{part}.parquet"
+        temporary.replace(path)
+        written.append(path)
+    return written
+
+
+def read_part(source: Path, split: str, part: str) -> tuple[np.ndarray, np.ndarray]:
+    """One part's images and labels (0-based), checked to match each other and the
+    mapping file's classes."""
+    images_path = find_file(source, f"emnist-{split}-{part}-images-idx3-ubyte")
+    labels_path = find_file(source, f"emnist-{split}-{part}-labels-idx1-ubyte")
+    images, labels = read_idx(images_path, 3), read_idx(labels_path, 1)
+    if len(images) != len(labels):
+        raise ValueError(f"{images_path} holds {len(images)} images but {labels_path} "
+                         f"{len(labels)} labels")  # fmt: skip
+    labels = labels.astype(np.int64) - (1 if split == "letters" else 0)  # letters: 1..26
+    names = class_names(source, split, labels)
+    if labels.size and not 0 <= labels.min() <= labels.max() < len(names):
+        raise ValueError(f"{labels_path}: labels {labels.min()}..{labels.max()} but the "
+                         f"mapping names {len(names)} classes")  # fmt: skip
+    return images, labels
+
+
+def write_part(
+    images: np.ndarray, labels: np.ndarray, names: list[str], target: Path, part: str
+) -> Path:
+    """The part as parquet under a temporary name in ``target`` (renamed by the caller)."""
     from datasets import ClassLabel, Dataset, Features
     from datasets import Image as ImageFeature
     from PIL import Image
 
-    if split not in EMNIST_SPLITS:
-        raise ValueError(f"split={split!r} is not allowed: expected one of {EMNIST_SPLITS}")
-    target.mkdir(parents=True, exist_ok=True)
-    written = []
-    for part in ("train", "test"):
-        images = read_idx(find_file(source, f"emnist-{split}-{part}-images-idx3-ubyte"), 3)
-        labels = read_idx(find_file(source, f"emnist-{split}-{part}-labels-idx1-ubyte"), 1)
-        labels = labels.astype(np.int64) - (1 if split == "letters" else 0)  # letters: 1..26
-        names = class_names(source, split, labels)
-        features = Features({"image": ImageFeature(), "label": ClassLabel(names=names)})
-        encoded = []
-        for pixels in images:
-            buffer = io.BytesIO()
-            Image.fromarray(np.ascontiguousarray(pixels.T), mode="L").save(buffer, "PNG")
-            encoded.append({"bytes": buffer.getvalue(), "path": None})
-        table = Dataset.from_dict({"image": encoded, "label": labels.tolist()}, features=features)
-        path = target / f"{part}.parquet"
-        table.to_parquet(str(path))
-        written.append(path)
-    return written
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=names)})
+    encoded = []
+    for pixels in images:
+        buffer = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(pixels.T), mode="L").save(buffer, "PNG")
+        encoded.append({"bytes": buffer.getvalue(), "path": None})
+    table = Dataset.from_dict({"image": encoded, "label": labels.tolist()}, features=features)
+    temporary = target / f".{part}.parquet.partial"
+    table.to_parquet(str(temporary))
+    return temporary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     emnist.add_argument("target", type=Path, help="folder to write train/test.parquet to")
     emnist.add_argument("--split", default="balanced", choices=EMNIST_SPLITS)
     args = parser.parse_args(argv)
-    for path in convert_emnist(args.source, args.target, args.split):
+    try:
+        written = convert_emnist(args.source, args.target, args.split)
+    except (ValueError, OSError) as err:  # a damaged or missing file: named, nothing written
+        parser.error(str(err))
+    for path in written:
         print(f"wrote {path}")
     print(f"use it with: --run-config \"dataset-path='{args.target}'\"")
     return 0

@@ -149,6 +149,7 @@ class PartitionKey:
     data_fraction: float = 1.0
     partition: str = "dirichlet"
     shard_classes: int = 2
+    balance: bool = True  # the Dirichlet partitions' self-balancing (dirichlet-balance)
     source: tuple[tuple[str, int, int], ...] = ()
 
     @classmethod
@@ -164,6 +165,7 @@ class PartitionKey:
             data_fraction=config.data_fraction,
             partition=config.partition,
             shard_classes=config.shard_classes,
+            balance=config.dirichlet_balance,
             source=source_fingerprint(path),
         )
 
@@ -291,8 +293,9 @@ def partitioner_for(key: PartitionKey):
         from fedreg_app.partitioners import TopUpDirichletPartitioner
 
         return TopUpDirichletPartitioner(
-            key.num_partitions, "label", key.alpha, key.min_partition_size, key.seed
-        )
+            key.num_partitions, "label", key.alpha, key.min_partition_size, key.seed,
+            key.balance,
+        )  # fmt: skip
     if key.partition == "shard":
         return PathologicalPartitioner(
             num_partitions=key.num_partitions,
@@ -306,7 +309,7 @@ def partitioner_for(key: PartitionKey):
         partition_by="label",
         alpha=key.alpha,
         min_partition_size=key.min_partition_size,
-        self_balancing=False,
+        self_balancing=key.balance,
         seed=key.seed,
     )
 

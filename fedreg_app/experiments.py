@@ -92,6 +92,7 @@ from fedreg_app.reports import (
     INVALID,
     PAPER_TABLE,
     RUNNING,
+    UNFINISHED,
     UNREADABLE,
     PaperCells,
     cell_problem,
@@ -332,12 +333,34 @@ def plan(
     """All runs, validated before any starts (a bad value fails the whole plan). Seed-major:
     every cell's first seed comes first, so a partially finished grid already compares."""
     specs = []
+    check_runner_keys(overrides)
     for experiment in experiments:
+        for where in (experiment.run_config, *experiment.variants.values()):
+            try:
+                check_runner_keys(where)
+            except ConfigError as err:
+                raise ConfigError(f"{experiment.name}: {str(err).replace('--set ', '')}") from None
         if algos:
             experiment = Experiment(**{**experiment.__dict__, "algos": algos})
         for seed, cell in itertools.product(range(seeds or experiment.seeds), experiment.cells()):
             specs.append(run_spec(experiment, cell, seed, out, declared, overrides))
     return specs
+
+
+#: Keys the runner sets for each run itself, with what to use instead.
+RUNNER_KEYS = {
+    "resume": "the runner resumes each interrupted run itself",
+    "seed": "--seeds gives the seeds 0..n-1",
+    "results-dir": "--out gives where the runs are written",
+}
+
+
+def check_runner_keys(overrides: dict[str, Any]) -> None:
+    """A ``--set`` of a key the runner sets per run would be ignored (``seed``,
+    ``results-dir``) or would resume another run's folder and rewrite its record
+    (``resume``): refused before any work, naming what to use instead."""
+    for key in sorted(overrides.keys() & RUNNER_KEYS.keys()):
+        raise ConfigError(f"--set {key}=... is not allowed: {RUNNER_KEYS[key]}")
 
 
 def run_spec(
@@ -374,6 +397,12 @@ def run_spec(
     keeps_state = get_algorithm(config.algo).client.keeps_state(config)
     own_state_dir = keeps_state and not config.state_dir
     if own_state_dir:
+        if (folder / STATE_FOLDER).is_symlink():  # the runner deletes it when the run ends
+            raise ConfigError(
+                f"{folder / STATE_FOLDER} is a link; the runner keeps a run's client state "
+                "there and deletes the folder once the run has finished: remove the link "
+                "(or --set state-dir=... to keep the state elsewhere)"
+            )
         run_config["state-dir"] = str((folder / STATE_FOLDER).resolve())
     elif config.state_dir:
         run_config["state-dir"] = str(Path(config.state_dir).expanduser().resolve())
@@ -490,6 +519,10 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
             folder = candidate
             break
     if folder is None:
+        started = [f for f in spec.run_folders() if not never_resumed(f)]
+        if started:  # stopped or killed before its first checkpoint: nothing to go on from
+            return Attempt(note=(f"{started[-1]} stopped before its first checkpoint; "
+                                 "starting the run anew"))  # fmt: skip
         return Attempt()
     holder = folder_holder(folder, RUN_FOLDER_LOCK)
     if holder is not None:  # a ServerApp still writes it (one a killed runner left behind)
@@ -524,6 +557,13 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         checkpoint.check_compatible(config, get_algorithm(config.algo).resume_fixed)
     except ConfigError as err:
         return Attempt(note=f"{folder} cannot be resumed with this config ({err}); starting anew")
+    # The ServerApp lets a resume change num-server-rounds and eval-every (a deployed run
+    # extended); a grid's run resumed so would mix two settings' rounds under the new one
+    # (rounds evaluated that an uninterrupted run never evaluates): it starts anew.
+    changed = setting_differences(config.to_run_config(), checkpoint.run_config)
+    if changed:
+        return Attempt(note=(f"{folder} was made with another setting ({'; '.join(changed)}); "
+                             "starting the run anew"))  # fmt: skip
     made_with = (checkpoint.clients or {}).get("num_clients") or document["run"].get(
         "num_clients", spec.clients
     )
@@ -666,7 +706,9 @@ def recorded_seconds(specs: Sequence[RunSpec]) -> dict[tuple[str, str], float]:
     seconds: dict[tuple[str, str], list[float]] = {}
     for spec in specs:
         for _, document in spec._documents():
-            if run_status(document) not in (UNREADABLE, INVALID):
+            # rounds the report's check bore out (not a failed run's, which it does not
+            # check), of this setting (not the 50 epochs a round of an earlier one)
+            if run_status(document) in (*FINISHED, *UNFINISHED) and not spec.differences(document):
                 seconds.setdefault(cell_key(spec), []).extend(round_seconds(document))
     return {key: statistics.median(values) for key, values in seconds.items() if values}
 
@@ -909,6 +951,43 @@ class Limits:
         return self.deadline is not None and time.monotonic() >= self.deadline
 
 
+def tidy(spec: RunSpec) -> list[Path]:
+    """Remove what a killed runner left in a seed folder (the caller holds ``--out``, so no
+    other runner is at work there): its temporary run-config files, and the run's own
+    client state once no run folder there may be resumed (every one finished or failed:
+    another process finished the run, or the runner died between a run's end and the
+    state's removal). A folder still resumable, or one that cannot be read, keeps it.
+    Returns what it removed."""
+    removed = []
+    for leftover in spec.folder.glob("tmp*.toml") if spec.folder.is_dir() else []:
+        leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    state = spec.state_dir
+    if not (spec.own_state_dir and state is not None and state.is_dir()) or state.is_symlink():
+        return removed
+    folders = [f for f in spec.folder.iterdir() if f.is_dir() and f.name != STATE_FOLDER]
+    if all(never_resumed(folder) for folder in folders):
+        shutil.rmtree(state, ignore_errors=True)
+        removed.append(state)
+    return removed
+
+
+def never_resumed(run_folder: Path) -> bool:
+    """Whether :func:`decide` would never resume this run folder: finished, abandoned, or
+    failed of its own accord (not stopped by the runner); a marker the runner did not
+    write or an unreadable record may still be resumed once mended."""
+    marker, foreign = load_marker(run_folder)
+    if foreign is not None:
+        return False
+    status = run_status(read_document(run_folder / "results.json"))
+    stopped_by_us = status == FAILED and marker.get("stopped")
+    return (
+        bool(marker.get("abandoned"))
+        or status in FINISHED
+        or (status == FAILED and not stopped_by_us)
+    )
+
+
 def run_all(
     specs: list[RunSpec],
     home: Path,
@@ -928,6 +1007,7 @@ def run_all(
     declared = declared if declared is not None else declared_run_config()
     attempts = {}  # each pending run's prospect, nothing changed on disk yet
     for spec in specs:
+        tidy(spec)
         spec.result = spec.finished_results()
         if spec.result is None:
             attempts[id(spec)] = decide(spec, declared, restart_damaged=False)
@@ -1079,14 +1159,15 @@ class Session:
     def report_stop(self, stop: Stop) -> None:
         """Where the grid stands, once the SuperLink and the simulation are stopped."""
         where = ""
-        if self.spec is not None and self.current is not None:
-            rounds = checkpoint_round(self.current)
+        rounds = checkpoint_round(self.current) if self.current is not None else 0
+        if self.spec is not None and rounds > 0:
             where = (
                 f"; {self.spec.describe()} stopped after round {rounds}/{self.spec.num_rounds}"
                 f" (checkpoint in {self.current})"
             )
-        elif self.spec is not None:
-            where = f"; {self.spec.describe()} stopped before its first checkpoint"
+        elif self.spec is not None:  # its folder holds no checkpoint: it starts anew
+            where = (f"; {self.spec.describe()} stopped before its first checkpoint (the "
+                     "next run of this command starts it anew)")  # fmt: skip
         done = self.progress.done(checkpoint_round(self.current) if self.spec else 0)
         print(
             f"{stop.reason}{where}; grid {done}/{self.progress.total_rounds} rounds done",
@@ -1231,13 +1312,20 @@ def main(argv: list[str] | None = None) -> int:
 
     declared = declared_run_config()
     _once.cache_clear()  # data read by an earlier invocation in this process may differ now
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"--seeds={args.seeds} is not allowed: expected a number of seeds >= 1")
     try:
         overrides = declared_overrides(args.set, declared)
         experiments = [Experiment.load(path, declared) for path in args.configs]
-        algos = tuple(a.strip() for a in args.algos.split(",")) if args.algos else None
+        algos = None if args.algos is None else tuple(a.strip() for a in args.algos.split(","))
+        if algos is not None and not all(algos):
+            raise ConfigError(f"--algos={args.algos!r} is not allowed: expected algorithm names "
+                              "separated by commas (leave --algos out for the file's)")  # fmt: skip
         specs = plan(experiments, args.out, declared, overrides, args.seeds, algos)
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
         parser.error(str(err))
+    except UnicodeDecodeError as err:
+        parser.error(f"a config file is not UTF-8 text ({err})")
     if args.dry_run:
         print(dry_run(specs, declared))
         return 0

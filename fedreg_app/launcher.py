@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -128,24 +128,53 @@ def stop_process(process: subprocess.Popen | None, grace: float = 20.0) -> None:
     are signalled; its group is signalled even if the process itself has exited."""
     if process is None:
         return
-    below = descendants(process.pid)
-    groups = {process.pid} | {pid for pid in below if _leads_group(pid)}
+    stop_tree(process.pid, grace, process.wait)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10.0)
+
+
+def stop_tree(pid: int, grace: float = 20.0, wait: Callable[..., Any] | None = None) -> None:
+    """:func:`stop_process` by PID (``wait``: the caller's way to reap ``pid``)."""
+    below = descendants(pid)
+    groups = {pid} | {child for child in below if _leads_group(child)}
     for group in groups:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=grace)
+    if wait is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            wait(timeout=grace)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(pid) for pid in below):
+    while time.monotonic() < deadline and any(_alive(p) for p in [pid, *below]):
         time.sleep(0.2)
     for group in groups:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
-    for pid in below:
+    for child in below:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=10.0)
+            os.kill(child, signal.SIGKILL)
+
+
+#: How often a SuperLink's watchdog looks whether the process that started it still runs.
+WATCH_POLL_S = 1.0
+
+
+def watchdog(owner: int, superlink: int) -> None:
+    """Stop ``superlink`` and everything below it once ``owner`` (the runner that started
+    it) is gone. A runner killed by SIGKILL cannot stop its SuperLink: it ran on, the
+    simulation finished the run unsupervised, and the next runner deleted the database
+    of the live SuperLink (a walk-through, session 31). Run in a process of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle
+    while _alive(owner) and _alive(superlink):
+        time.sleep(WATCH_POLL_S)
+    if _alive(superlink):
+        stop_tree(superlink)
+
+
+def start_watchdog(superlink: int) -> subprocess.Popen:
+    """A process that stops ``superlink``'s tree if this process dies first."""
+    code = f"from fedreg_app.launcher import watchdog; watchdog({os.getpid()}, {superlink})"
+    return subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT, start_new_session=True,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
 
 
 def _leads_group(pid: int) -> bool:
@@ -298,6 +327,7 @@ class LocalSuperLink:
             "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),
         }
         self.process: subprocess.Popen | None = None
+        self.watchdog: subprocess.Popen | None = None
 
     def __enter__(self) -> LocalSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -312,6 +342,7 @@ class LocalSuperLink:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        self.watchdog = start_watchdog(self.process.pid)
         try:
             self._wait_healthy()
         except BaseException:
@@ -354,11 +385,16 @@ class LocalSuperLink:
         raise TimeoutError("flower-superlink did not become healthy in time")
 
     def stop(self) -> None:
-        """SIGTERM the SuperLink's process group, then SIGKILL what is left."""
+        """SIGTERM the SuperLink's process group, then SIGKILL what is left (its watchdog,
+        which then has nothing to watch, exits by itself)."""
         stop_process(self.process)
         if self.process is not None:
             self._log.close()
         self.process = None
+        if self.watchdog is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.watchdog.wait(timeout=3 * WATCH_POLL_S + 5)
+            self.watchdog = None
 
     def command(
         self, run_config: str, supernodes: int, cpus_per_client: int | None = None

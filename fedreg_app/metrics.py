@@ -31,7 +31,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.config import is_whole
+from fedreg_app.config import is_count, is_whole
 from fedreg_app.persist import json_text, write_text_atomic
 from fedreg_app.tensorboard_log import TensorBoardLog
 
@@ -316,18 +316,27 @@ def coverage_problem(record: dict[str, Any], run: dict[str, Any]) -> str | None:
 ENDED_AFTER_ROUND = "ended_after_round"
 
 
+#: The algorithms that may end a run before ``num-server-rounds`` (their strategies
+#: override ``finished``): only their records may say ``run.ended_after_round``.
+ENDS_EARLY = frozenset({"fedbabu-deviation"})
+
+
 def planned_rounds(document: dict[str, Any]) -> int | None:
-    """The rounds a finished run has: ``num-server-rounds``, or the round its algorithm
-    ended it after (``run.ended_after_round``: deviation tracking's fine-tuning done;
-    in records written before that key, its fine-tune round R plus its F rounds)."""
+    """The rounds a finished run has: ``num-server-rounds``, or, for an algorithm that
+    may end early (:data:`ENDS_EARLY`), the round it ended the run after
+    (``run.ended_after_round``: deviation tracking's fine-tuning done; in records written
+    before that key, its fine-tune round R plus its F rounds). None when the config
+    names no round count (:func:`status_problem` refuses that)."""
     run, config = document["run"], document["config"]
+    planned = config.get("num-server-rounds")
+    if not is_count(planned):
+        return None
+    if config.get("algo") not in ENDS_EARLY:  # an edited file cannot shorten the run
+        return planned
     ended = run.get(ENDED_AFTER_ROUND)
     if ended is None and is_whole(run.get("fine_tune_round")):
         finetune = config.get("deviation-finetune-rounds")
         ended = run["fine_tune_round"] + finetune if is_whole(finetune) else None
-    planned = config.get("num-server-rounds")
-    if not is_whole(planned):
-        return ended if is_whole(ended) else None
     return ended if is_whole(ended) and ended <= planned else planned
 
 
@@ -358,7 +367,10 @@ def status_problem(document: dict[str, Any]) -> str | None:
     if status not in (COMPLETED, DEGRADED):
         return None
     planned = planned_rounds(document)
-    if planned is not None and len(rounds) != planned:
+    if planned is None:
+        found = document["config"].get("num-server-rounds", "missing")
+        return f"config.num-server-rounds is {found!r}; expected an integer >= 1"
+    if len(rounds) != planned:
         return f"status {status!r} but it records {len(rounds)} of the {planned} rounds"
     rule = document["run"].get("status_rule", 1)  # files of earlier versions: rule 1
     if type(rule) is not int or not 1 <= rule <= STATUS_RULE:

@@ -64,12 +64,14 @@ class AssignedPartitioner(Partitioner):
 class TopUpDirichletPartitioner(AssignedPartitioner):
     def __init__(
         self, num_partitions: int, partition_by: str, alpha: float, min_partition_size: int,
-        seed: int,
+        seed: int, balance: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(
             num_partitions,
             partition_by,
-            lambda labels: dirichlet_topup(labels, num_partitions, alpha, min_partition_size, seed),
+            lambda labels: dirichlet_topup(
+                labels, num_partitions, alpha, min_partition_size, seed, balance
+            ),
         )
 
 
@@ -107,20 +109,27 @@ def natural_id_subset(
 
 
 def dirichlet_topup(
-    labels: np.ndarray, num_partitions: int, alpha: float, min_size: int, seed: int
-) -> list[np.ndarray]:
+    labels: np.ndarray, num_partitions: int, alpha: float, min_size: int, seed: int,
+    balance: bool = False,
+) -> list[np.ndarray]:  # fmt: skip
     """Per client, sorted sample indices: each class split over the clients with
     proportions ~ Dirichlet(alpha), then clients below ``min_size`` filled up from the
-    currently largest clients."""
+    currently largest clients. ``balance``: a client already above the mean size gets
+    no share of the classes still to split (the PFNM rule, as flwr-datasets'
+    ``self_balancing``)."""
     if min_size * num_partitions > len(labels):
         raise ValueError(
             f"{num_partitions} clients x {min_size} samples exceeds the {len(labels)} samples"
         )
     rng = seeds.rng(seed, "topup")
+    mean_size = len(labels) / num_partitions
     shares: list[list[int]] = [[] for _ in range(num_partitions)]
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
         proportions = rng.dirichlet(np.full(num_partitions, alpha))
+        if balance:
+            below = np.array([len(share) <= mean_size for share in shares])
+            proportions = proportions * below / (proportions * below).sum()
         cuts = (np.cumsum(proportions)[:-1] * len(members)).astype(int)
         for client, part in enumerate(np.split(members, cuts)):
             shares[client].extend(part.tolist())

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.checkpoint import committed_round
-from fedreg_app.config import ConfigError
+from fedreg_app.config import EARLIER_MEANING, ConfigError, as_ran
 from fedreg_app.environment import client_devices, describe_environment, environment_note
 from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
 from fedreg_app.launcher import (
@@ -153,15 +153,17 @@ def check_same_run(first: Recording, second: Recording) -> list[str]:
             f"run.num_clients differs: {first.num_clients} in {first.path}, "
             f"{second.num_clients} in {second.path}; not runs of the same config"
         )
-    both = (set(first.config) & set(second.config)) - set(LOCATIONS)
-    differing = sorted(k for k in both if not _same(first.config[k], second.config[k]))
+    ours, theirs = as_ran(first.config), as_ran(second.config)  # an earlier version's too
+    both = (set(ours) & set(theirs)) - set(LOCATIONS)
+    differing = sorted(k for k in both if not _same(ours[k], theirs[k]))
     if differing:
-        shown = "; ".join(f"{k}={first.config[k]!r} vs {second.config[k]!r}" for k in differing)
+        shown = "; ".join(f"{k}={ours[k]!r} vs {theirs[k]!r}" for k in differing)
         raise ConfigError(f"the two runs' configs differ ({shown}); not runs of the same config")
     return [
         f"{key} is recorded only in {where.path} ({where.config[key]!r})"
         for where, other in ((first, second), (second, first))
         for key in sorted(set(where.config) - set(other.config) - set(LOCATIONS))
+        if key not in EARLIER_MEANING
     ]
 
 
@@ -177,7 +179,7 @@ def replay_config(
             f"--set {', '.join(refused)}: a replay runs the recorded config; only "
             f"{', '.join(SETTABLE)} (where the same inputs lie on this machine) may be set"
         )
-    recorded = recording.config
+    recorded = as_ran(recording.config)  # keys its version lacked, as it ran them
     check_declared(recorded, declared, f"the recorded config (in {recording.path}); "
                    "it was made by another version of the app")  # fmt: skip
     config = {**recorded, **overrides, "resume": "", "results-dir": str(out / "results")}
@@ -200,6 +202,10 @@ def replay_config(
     notes = [
         f"{key} is not recorded; the replay uses today's default {declared[key]!r}"
         for key in declared if key not in recorded
+    ] + [
+        f"{key} is not recorded: the version that made the run had no such key and ran as "
+        f"{key}={value!r} (today's default {declared.get(key)!r}); so does the replay"
+        for key, value in recorded.items() if key not in recording.config
     ]  # fmt: skip
     return config, notes
 

@@ -38,6 +38,7 @@ or not). Plots:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -46,7 +47,7 @@ import statistics
 import sys
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,15 @@ import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from clients.rebalance import class_threshold  # noqa: E402
-from fedreg_app.config import ConfigError, setting_differences  # noqa: E402
+from fedreg_app.checkpoint import read_seal  # noqa: E402
+from fedreg_app.config import (  # noqa: E402
+    EARLIER_MEANING,
+    PLACE_KEYS,
+    ConfigError,
+    RunConfig,
+    as_ran,
+    setting_differences,
+)
 from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
 from fedreg_app.environment import client_devices  # noqa: E402
 from fedreg_app.metrics import (  # noqa: E402
@@ -68,6 +77,7 @@ from fedreg_app.metrics import (  # noqa: E402
     RUNNING,
     STOPPED,
     is_real,
+    kept_rounds_problem,
     record_problem,
     status_problem,
 )
@@ -345,8 +355,10 @@ def placement_problem(path: Path, document: dict[str, Any]) -> str | None:
     folder of its algorithm and grid values (``fedreg__alpha-0.5``). Else a copy of
     another cell's run would be averaged and published as this cell's. A file outside
     that layout (no ``seed<k>`` folder, or none below a folder named for an algorithm)
-    is not checked."""
-    path = path.resolve()
+    is not checked. The path is taken as given, links not followed: it is the one the
+    report counts the file under (a cell folder linked to another cell's elsewhere
+    would otherwise be checked as that cell and counted as this one)."""
+    path = path.absolute()
     seed_folder = next((f for f in (path.parent, path.parent.parent)
                         if SEED_FOLDER.fullmatch(f.name)), None)  # fmt: skip
     if seed_folder is None:
@@ -401,6 +413,24 @@ def _names_value(text: str, value: Any) -> bool:
     return False
 
 
+def seal_problem(run_folder: Path, document: dict[str, Any]) -> str | None:
+    """A record beside a checkpoint must be the one it sealed: the same run, the rounds
+    up to the checkpoint's, and the setting it was made with. A record edited by hand, its
+    figures and best values made consistent, or its config changed, was published and
+    taken as finished (an audit, session 31); the seal was checked on resume only."""
+    seal = read_seal(run_folder)
+    if seal is None:
+        return None
+    if seal.results is not None:
+        problem = kept_rounds_problem(document, seal.round, seal.results)
+        if problem:
+            return problem
+    changed = setting_differences(document["config"], seal.run_config)
+    if changed:
+        return f"its config is not its checkpoint's ({'; '.join(changed[:3])}): edited?"
+    return None
+
+
 def read_document(path: Path) -> dict[str, Any]:
     """A results.json, or an ``unreadable`` / ``invalid`` status that says why. A record
     that does not lie in its own seed's and cell's folder is invalid
@@ -412,10 +442,10 @@ def read_document(path: Path) -> dict[str, Any]:
     problem = document_problem(document)
     readable = not problem and run_status(document) in (*FINISHED, *UNFINISHED)
     if readable:
-        problem = placement_problem(path, document)
+        problem = placement_problem(path, document) or seal_problem(path.parent, document)
     if problem:
         return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}
-    return document
+    return {**document, "config": as_ran(document["config"])}  # an earlier version's: as it ran
 
 
 #: A seed left out of its cell's figures: its run is of another setting than the others'.
@@ -574,9 +604,9 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
 #: Keys the cells of one experiment share for their comparison to be fair (the data and
 #: its partition, the training budget, the model and optimiser, how often G is measured).
 SHARED_KEYS = (
-    "dataset", "partition", "alpha", "shard-classes", "participation-gamma", "data-fraction",
-    "min-partition-size", "fraction-train", "num-server-rounds", "local-epochs", "batch-size",
-    "lr", "momentum", "model", "augment", "eval-every", "init-model",
+    "dataset", "partition", "dirichlet-balance", "alpha", "shard-classes", "participation-gamma",
+    "data-fraction", "min-partition-size", "fraction-train", "num-server-rounds", "local-epochs",
+    "batch-size", "lr", "momentum", "model", "augment", "eval-every", "init-model",
 )  # fmt: skip
 
 
@@ -623,6 +653,21 @@ class PaperCells:
     experiment: str
     source: str
     cells: dict[str, dict[str, float]]
+    #: the run-config keys its file sets, and its ``[experiment]`` clients: the setting
+    #: the figures are set beside (``--paper``; empty for the runner's own file)
+    setting: dict[str, Any] = field(default_factory=dict)
+
+    def setting_gaps(self, runs: Sequence[RunResult]) -> list[str]:
+        """``key=the runs', not the file's`` for each key the file sets that some run
+        was not run with (where the run happened aside): the differences in points then
+        compare two settings, which the table must say."""
+        gaps: dict[str, None] = {}
+        for run in runs:
+            config = {**run.document["config"], "clients": run.clients}
+            for key, value in self.setting.items():
+                if key not in PLACE_KEYS and key in config and config[key] != value:
+                    gaps[f"{key}={config[key]!r}, not {value!r}"] = None
+        return list(gaps)
 
     @classmethod
     def from_table(cls, experiment: str, table: Any, where: str) -> PaperCells:
@@ -656,14 +701,25 @@ class PaperCells:
 def read_paper_cells(path: Path) -> PaperCells:
     """The ``[experiment.paper]`` table of a config file (``ConfigError`` if it has none)."""
     try:
-        meta = tomllib.loads(path.read_text()).get("experiment", {})
+        document = tomllib.loads(path.read_text())
     except OSError as err:
         raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
-    except tomllib.TOMLDecodeError as err:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: is not TOML ({err})") from None
+    meta = document.get("experiment", {})
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path}: 'experiment' is {meta!r}; expected an [experiment] table")
     if PAPER_TABLE not in meta:
         raise ConfigError(f"{path}: has no [experiment.{PAPER_TABLE}] table of published figures")
-    return PaperCells.from_table(str(meta.get("name", path.stem)), meta[PAPER_TABLE], str(path))
+    cells = PaperCells.from_table(str(meta.get("name", path.stem)), meta[PAPER_TABLE], str(path))
+    setting = {k: v for k, v in document.items() if k != "experiment"}
+    # a key whose default changed since the records this file may meet were made: the
+    # file's setting is today's default, which those records did not run (as_ran)
+    core = RunConfig.core_keys()
+    setting |= {k: core[k] for k in EARLIER_MEANING if k in core and k not in setting}
+    if "clients" in meta:
+        setting["clients"] = meta["clients"]
+    return dataclasses.replace(cells, setting=setting)
 
 
 def _points(ours: Sequence[float], published: float | None) -> str:
@@ -712,6 +768,11 @@ def paper_comparison(results: Sequence[RunResult], paper: PaperCells,
             str(len(cell_runs)),
         ]) + " |")  # fmt: skip
     table = footnotes("\n".join(lines))
+    gaps = paper.setting_gaps(runs)
+    if gaps:
+        table += ("\n\nThese runs are not of the setting the paper's file gives beside its "
+                  f"figures ({'; '.join(gaps[:6])}): the differences in points compare two "
+                  "settings.")  # fmt: skip
     if personal != "all":  # the sources publish P over all clients: no like-for-like P
         table += f"\n\nPaper P is left out: the sources' P is over all clients, not {p}."
     return table
@@ -1134,8 +1195,11 @@ def _classes_main(argv: list[str]) -> int:
     parser.add_argument("--clients", type=int, default=30, help="number of partitions")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="run-config key (repeatable), e.g. dataset-path=...")  # fmt: skip
-    parser.add_argument("--out", type=Path, default=Path("class_distribution.png"))
+    parser.add_argument("--out", type=Path, default=Path("class_distribution.png"),
+                        help="image file to write (.png added if it has no suffix)")  # fmt: skip
     args = parser.parse_args(argv)
+    if not args.out.suffix:  # matplotlib would add .png and the printed path would not exist
+        args.out = args.out.with_suffix(".png")
     declared = declared_run_config()
     try:
         overrides = declared_overrides(args.set, declared)

@@ -103,9 +103,12 @@ class NodeFacts:
     state_on_disk: bool
 
 
-def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, NodeFacts]:
+def query_nodes(
+    grid: Grid, nodes: list[int], failures: dict[int, str] | None = None
+) -> dict[int, NodeFacts]:
     """Ask nodes which partition they serve. A node that fails to answer, or answers
-    nonsense, is left out (it may have just gone away)."""
+    nonsense, is left out (it may have just gone away); ``failures`` gets why."""
+    failures = {} if failures is None else failures
     if not nodes:
         return {}
     queries = [Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
@@ -113,20 +116,24 @@ def query_nodes(grid: Grid, nodes: list[int]) -> dict[int, NodeFacts]:
     for reply in exchange(grid, queries, timeout=60):
         node = reply.metadata.src_node_id
         if reply.has_error():
-            log(WARNING, "node %d did not answer: %s", node, client_error(reply.error.reason))
+            failures[node] = client_error(reply.error.reason)
+            log(WARNING, "node %d did not answer: %s", node, failures[node])
             continue
         try:
             metrics = reply.content[METRICS]
             facts = NodeFacts(int(metrics[PARTITION_ID]), int(metrics[NUM_PARTITIONS]),
                               bool(metrics.get(STATE_ON_DISK, 0)))  # fmt: skip
         except (KeyError, TypeError, ValueError, OverflowError) as err:  # int(inf): Overflow
+            failures[node] = f"an answer without usable facts ({err})"
             log(WARNING, "node %d answered the query without usable facts: %s", node, err)
             continue
         if not 0 <= facts.partition_id < facts.num_partitions:
+            failures[node] = f"claims partition {facts.partition_id} of {facts.num_partitions}"
             log(WARNING, "node %d claims partition %d of %d; ignored", node,
                 facts.partition_id, facts.num_partitions)  # fmt: skip
             continue
         answers[node] = facts
+        failures.pop(node, None)
     return answers
 
 
@@ -161,21 +168,24 @@ def query_weights(
 
 
 def discover_partitions(
-    grid: Grid, timeout: float = DISCOVERY_TIMEOUT_S
+    grid: Grid, timeout: float | None = None
 ) -> tuple[PartitionMap, dict[int, NodeFacts]]:
     """Ask every connected node which partition it serves; wait until all partitions
     have a node. Returns the map and each node's facts. While it waits it says which
     partitions still have none (every :data:`DISCOVERY_NOTE_S`); a node that gave no
     usable answer is asked again only after :data:`QUERY_RETRY_S` (each query starts a
-    ClientApp on it, and its error would fill the log every second)."""
+    ClientApp on it, and its error would fill the log every second). A timeout names
+    the nodes that answered nothing usable and why (a device's missing dataset copy)."""
+    timeout = DISCOVERY_TIMEOUT_S if timeout is None else timeout
     partitions: PartitionMap | None = None
     facts: dict[int, NodeFacts] = {}
     unanswered: dict[int, float] = {}  # node -> when it last gave no usable answer
+    failures: dict[int, str] = {}  # node -> why, for the timeout's message
     started = time.monotonic()
     deadline, next_note = started + timeout, started + DISCOVERY_NOTE_S
     while True:
         new_nodes = [n for n in grid.get_node_ids() if n not in facts]
-        for node, answer in query_due_nodes(grid, new_nodes, unanswered).items():
+        for node, answer in query_due_nodes(grid, new_nodes, unanswered, failures).items():
             if partitions is None:
                 partitions = PartitionMap(answer.num_partitions)
             if answer.num_partitions != partitions.num_partitions:
@@ -190,7 +200,8 @@ def discover_partitions(
             return partitions, facts
         if time.monotonic() > deadline:
             found = partitions.available() if partitions else []
-            raise TimeoutError(f"after {timeout:.0f}s only partitions {found} have a node")
+            raise TimeoutError(f"after {timeout:.0f}s only partitions {found} have a node"
+                               + unusable_nodes(failures, grid.get_node_ids()))  # fmt: skip
         if time.monotonic() >= next_note:
             have = partitions.available() if partitions else []
             missing = (sorted(set(range(partitions.num_partitions)) - set(have))
@@ -201,14 +212,28 @@ def discover_partitions(
         time.sleep(1.0)
 
 
+def unusable_nodes(failures: dict[int, str], live: Iterable[int]) -> str:
+    """``; nodes without a usable answer: node 7: why; nodes 8, 9: why`` for the nodes
+    still connected, alike reasons grouped (every device missing one path)."""
+    by_reason: dict[str, list[int]] = {}
+    for node in sorted(set(failures) & set(live)):
+        by_reason.setdefault(failures[node], []).append(node)
+    if not by_reason:
+        return ""
+    named = [f"node{'s' * (len(nodes) > 1)} {', '.join(map(str, nodes[:5]))}"
+             f"{' ...' * (len(nodes) > 5)}: {why}" for why, nodes in by_reason.items()]  # fmt: skip
+    return "; nodes without a usable answer: " + "; ".join(named[:5])
+
+
 def query_due_nodes(
-    grid: Grid, nodes: Iterable[int], unanswered: dict[int, float]
-) -> dict[int, NodeFacts]:
+    grid: Grid, nodes: Iterable[int], unanswered: dict[int, float],
+    failures: dict[int, str] | None = None,
+) -> dict[int, NodeFacts]:  # fmt: skip
     """:func:`query_nodes` for those of ``nodes`` that did not fail a query within the
     last :data:`QUERY_RETRY_S` seconds (``unanswered``: node -> when, updated here)."""
     now = time.monotonic()
     asked = sorted(n for n in nodes if now - unanswered.get(n, -math.inf) >= QUERY_RETRY_S)
-    answers = query_nodes(grid, asked)
+    answers = query_nodes(grid, asked, failures)
     unanswered.update((n, now) for n in asked if n not in answers)
     return answers
 

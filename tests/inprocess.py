@@ -16,7 +16,8 @@ import gc
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -114,12 +115,17 @@ class InProcessGrid:
         kill_after: tuple[str, int, int] | None = None,
         node_config: dict[str, Any] | None = None,
         duplicate: Iterable[tuple[str, int, int]] = (),
+        node_configs: dict[int, dict[str, Any]] | None = None,
+        hidden_from_nodes: Path | None = None,
     ) -> None:
         """``faults[(phase, round, partition)]`` rewrites that reply; ``kill_after =
         (phase, round, n)`` kills the server once ``n`` replies of that phase came back;
         ``node_config``: further node config of every node (a deployed device's own
-        ``dataset-path``); ``duplicate``: (phase, round, partition) whose reply is
-        delivered twice."""
+        ``dataset-path``), ``node_configs``: of one partition's node; ``duplicate``:
+        (phase, round, partition) whose reply is delivered twice; ``hidden_from_nodes``:
+        a path the nodes do not have (renamed aside while a node handles a message: the
+        server's dataset copy on another machine)."""
+        self.hidden_from_nodes = hidden_from_nodes
         self.run_config = run_config
         self.faults = faults or {}
         self.duplicate = set(duplicate)
@@ -129,12 +135,26 @@ class InProcessGrid:
             1000 + p: Context(
                 run_id=1, node_id=1000 + p, state=RecordDict(), run_config=dict(run_config),
                 node_config={"partition-id": p, "num-partitions": num_partitions,
-                             **(node_config or {})},
+                             **(node_config or {}), **(node_configs or {}).get(p, {})},
             )
             for p in range(num_partitions)
         }  # fmt: skip
         self.delivered: list[tuple[str, int, int]] = []  # (phase, round, partition)
         self.waiting: dict[str, Message] = {}  # replies not pulled yet, by message id
+
+    @contextmanager
+    def on_the_node(self) -> Iterator[None]:
+        """A node's view of the file system: without ``hidden_from_nodes``."""
+        hidden = self.hidden_from_nodes
+        if hidden is None:
+            yield
+            return
+        aside = hidden.with_name(hidden.name + ".elsewhere")
+        hidden.rename(aside)
+        try:
+            yield
+        finally:
+            aside.rename(hidden)
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
@@ -153,7 +173,8 @@ class InProcessGrid:
             server_round = int(msg.content[CONFIG][SERVER_ROUND]) if CONFIG in msg.content else 0
             received = over_the_wire(msg)
             try:
-                reply: Message | None = HANDLERS[phase](received, context)
+                with self.on_the_node():
+                    reply: Message | None = HANDLERS[phase](received, context)
             except Exception as err:  # a client that raises: Flower replies with an error
                 reply = error_reply(received, flower_reason(err))
             # the node's context is kept between messages as Flower keeps it: serialized

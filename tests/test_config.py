@@ -228,3 +228,24 @@ def test_resuming_a_checkpoint_of_another_head_depth_is_refused() -> None:
                                              "num-server-rounds": 8}))  # fmt: skip
     with pytest.raises(ConfigError, match="head-depth=1 is not allowed.*head-depth=2"):
         checkpoint.check_compatible(load_config({"algo": "fedrod", "num-server-rounds": 8}))
+
+
+def test_a_record_of_an_earlier_version_is_compared_and_replayed_as_it_ran(tmp_path) -> None:
+    """A key added since a run was recorded, whose default is not what that run did, must
+    not let the old record pass for today's default: before session 31 every Dirichlet
+    partition was drawn without balancing, so a record without `dirichlet-balance` is of
+    another setting than today's default, and its replay draws as it did."""
+    from fedreg_app.config import as_ran, setting_differences
+    from fedreg_app.replay import Recording, replay_config
+
+    today = load_config({}).to_run_config()
+    earlier = {k: v for k, v in today.items() if k != "dirichlet-balance"}
+    assert setting_differences(today, earlier) == ["dirichlet-balance=True, not False"]
+    assert setting_differences({**today, "dirichlet-balance": False}, earlier) == []
+    assert as_ran(earlier)["dirichlet-balance"] is False and as_ran(today) == {
+        **as_ran(today), "dirichlet-balance": True}  # fmt: skip
+    recording = Recording(tmp_path / "results.json", earlier, 4, [], {})
+    config, notes = replay_config(recording, {}, tmp_path, declared_keys())
+    assert config["dirichlet-balance"] is False
+    said = "dirichlet-balance is not recorded: the version that made the run had no such key"
+    assert any(n.startswith(said) and "ran as dirichlet-balance=False" in n for n in notes)

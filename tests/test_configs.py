@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clients.fedreg import FedReGOptions
-from fedreg_app.config import RunConfig
+from fedreg_app.config import EARLIER_MEANING, RunConfig
 from fedreg_app.experiments import Experiment, plan
 from fedreg_app.registry import load_config
 from fedreg_app.replay import LOCATIONS
@@ -34,6 +34,7 @@ def test_declared_defaults_are_valid_and_match_the_dataclass() -> None:
     assert config == RunConfig(options=FedReGOptions())
 
 
+RESULTS_DOC = (PROJECT / "docs" / "results.md").read_text()
 COMMITTED = sorted((PROJECT / "results").glob("**/seed*/results.json"))
 
 
@@ -43,7 +44,10 @@ def test_a_committed_run_is_a_run_of_its_config_file_as_it_stands(path: Path, tm
     ``results.json`` records the config its cell and seed get from the config file that
     names its experiment, key for key (``auto`` resolved as the run resolved it). A key
     added since is absent from the record; it must default to what the run did (it is
-    today's declared default, so a replay runs the same thing)."""
+    today's declared default, so a replay runs the same thing), unless the default
+    changed with the key (:data:`EARLIER_MEANING`): then the figures are of the earlier
+    setting, which the record names by the key's absence and ``docs/results.md`` in
+    words, and a replay runs it (:func:`as_ran`)."""
     experiment_name, cell, seed = path.parts[-4], path.parts[-3], int(path.parts[-2][4:])
     experiments = [Experiment.load(f, DECLARED) for f in (PROJECT / "configs").glob("*.toml")]
     [experiment] = [e for e in experiments if e.name == experiment_name]
@@ -58,5 +62,9 @@ def test_a_committed_run_is_a_run_of_its_config_file_as_it_stands(path: Path, tm
         assert key in planned, f"{path}: records {key}, which the app no longer declares"
         if key in recorded:
             assert recorded[key] == planned[key], f"{path}: {key} ran as {recorded[key]!r}"
+        elif key in EARLIER_MEANING:
+            assert f"`{key} = {json.dumps(EARLIER_MEANING[key])}`" in RESULTS_DOC, (
+                f"{path}: ran before {key} existed; docs/results.md must say so"
+            )
         else:
             assert planned[key] == defaults[key], f"{path}: ran before {key} existed"

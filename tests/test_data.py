@@ -20,6 +20,7 @@ from fedreg_app.data import (
     client_splits,
     data_cache_folder,
     decode_client_data,
+    federated_dataset,
     load_client_data,
     load_info,
     load_union_test_set,
@@ -170,6 +171,42 @@ def test_dirichlet_topup_through_flwr_datasets(grey_dataset: Path) -> None:
     assert min(sizes) >= 5 and sum(sizes) == 400
 
 
+def class_counts_of(key: PartitionKey, clients: int) -> np.ndarray:
+    """Per client, its partition's samples of each class (train and test splits)."""
+    return np.stack([
+        np.bincount(np.concatenate([np.asarray(client_splits(key, pid)[split]["label"])
+                                    for split in ("train", "test")]), minlength=10)
+        for pid in range(clients)
+    ])  # fmt: skip
+
+
+def shares_given_above_the_mean(counts: np.ndarray) -> int:
+    """How often a client got a share of a class while it already held more than the
+    mean partition size (classes are split in label order): the PFNM rule forbids it."""
+    before = np.cumsum(counts, axis=1) - counts  # its size when each class was split
+    return int(((counts > 0) & (before > counts.sum() / len(counts))).sum())
+
+
+@pytest.mark.parametrize("partition", ["dirichlet", "dirichlet-topup"])
+def test_dirichlet_balance_gives_no_class_to_a_client_above_the_mean(
+    grey_dataset: Path, partition: str
+) -> None:
+    """`dirichlet-balance` (default true): the PFNM partition code the thesis cites for
+    its Dirichlet split ([38]; PFLlib's alike) stops giving classes to clients already
+    above the mean size. This project drew without it until session 31."""
+    clients = 8
+    keys = {balance: key_for(grey_dataset, clients, alpha=0.1, partition=partition,
+                             **{"dirichlet-balance": balance, "min-partition-size": 2})
+            for balance in (True, False)}  # fmt: skip
+    assert load_config({"dataset-path": str(grey_dataset)}).dirichlet_balance is True
+    balanced, unbalanced = (class_counts_of(keys[b], clients) for b in (True, False))
+    assert balanced.sum() == unbalanced.sum() == 400
+    assert shares_given_above_the_mean(balanced) == 0
+    assert shares_given_above_the_mean(unbalanced) > 0  # the rule is what tells them apart
+    federated_dataset.cache_clear()  # drawn again: the same split from the same seed
+    assert class_counts_of(keys[True], clients).tolist() == balanced.tolist()
+
+
 def test_cifar100_layout_uses_the_fine_labels(cifar100_like: Path) -> None:
     key = key_for(cifar100_like, num_partitions=2, alpha=100.0)
     info = load_info(key)
@@ -278,6 +315,51 @@ def test_emnist_idx_files_become_an_upright_hub_layout_dataset(tmp_path: Path) -
         .names
     )
     assert names == ["0", "1", "A", "B", "a"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("one label short", "holds 20 images but"),
+        ("a label past the mapping", "labels 0..9 but the mapping names 5 classes"),
+        ("a truncated header", "shorter than an IDX header"),
+    ],
+)
+def test_damaged_emnist_files_are_named_and_leave_the_target_as_it_was(
+    tmp_path: Path, capsys, damage: str, named: str
+) -> None:
+    """An audit (session 31): each of these raised a raw traceback naming no file
+    (ArrowInvalid, a ClassLabel error, a negative offset), and train.parquet was written
+    before test was read, so a damaged test part left a new train beside an old test."""
+    from fedreg_app.convert import main
+
+    source, target = tmp_path / "gzip", tmp_path / "out"
+    source.mkdir()
+    target.mkdir()
+    (target / "train.parquet").write_bytes(b"the old one")
+    for part, count in (("train", 60), ("test", 20)):
+        images = np.zeros((count, 28, 28), dtype=np.uint8)
+        labels = np.arange(count) % 5
+        if part == "test" and damage == "one label short":
+            labels = labels[:-1]
+        if part == "test" and damage == "a label past the mapping":
+            labels[3] = 9
+        write_idx(source / f"emnist-balanced-{part}-images-idx3-ubyte.gz", images)
+        write_idx(source / f"emnist-balanced-{part}-labels-idx1-ubyte.gz", labels)
+    (source / "emnist-balanced-mapping.txt").write_text("0 48\n1 49\n2 65\n3 66\n4 97\n")
+    if damage == "a truncated header":
+        import gzip
+
+        (source / "emnist-balanced-test-images-idx3-ubyte.gz").write_bytes(
+            gzip.compress(b"\x00\x00\x08\x03\x00")
+        )
+    with pytest.raises(SystemExit) as stopped:
+        main(["emnist", str(source), str(target), "--split", "balanced"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert named in error and "emnist-balanced-test-" in error
+    assert sorted(p.name for p in target.iterdir()) == ["train.parquet"]
+    assert (target / "train.parquet").read_bytes() == b"the old one"
 
 
 def test_decoded_partitions_stay_within_their_budget_and_decode_identically(

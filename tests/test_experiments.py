@@ -3,6 +3,7 @@ degraded and failed runs."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -41,7 +42,9 @@ from fedreg_app.experiments import (
     pending_state,
     plan,
     read_marker,
+    recorded_seconds,
     summarize,
+    tidy,
     write_marker,
     write_run_config,
 )
@@ -276,6 +279,49 @@ def test_an_unknown_set_key_names_the_closest_declared_key(tmp_path: Path, capsy
         main([str(tmp_path / "t1.toml"), "--set", "pxor-mu=0.1", "--dry-run"])
     err = capsys.readouterr().err
     assert "'pxor-mu'" in err and "did you mean 'prox-mu'" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--seeds", "-1"], "--seeds=-1 is not allowed"),  # before: 0 runs, exit 0
+        (["--seeds", "0"], "--seeds=0 is not allowed"),  # before: the file's seeds
+        (["--algos", ""], "--algos='' is not allowed"),  # before: every algorithm
+        (["--set", "resume=/some/run"], "resume=... is not allowed: the runner resumes"),
+        (["--set", "seed=5"], "seed=... is not allowed: --seeds"),  # before: ignored
+        (["--set", "results-dir=/x"], "results-dir=... is not allowed: --out"),
+    ],
+)
+def test_runner_arguments_it_would_ignore_or_misuse_are_refused(
+    tmp_path: Path, capsys, args: list[str], said: str
+) -> None:
+    """An audit (session 31): `--set resume=<a finished run of another grid>` rewrote that
+    run's results.json (its results-dir, a `resumed` entry) before failing; `--set seed`
+    and `--set results-dir` were silently overridden; `--seeds -1` ran nothing, exit 0."""
+    grid_experiment(tmp_path)
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "t1.toml"), "--out", str(out), *args])
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
+    assert not out.exists()  # nothing started
+    write(tmp_path / "r.toml", "resume = '/some/run'\n[experiment]\nclients = 20\n")
+    with pytest.raises(ConfigError, match="r: resume=... is not allowed"):
+        plan([Experiment.load(tmp_path / "r.toml", DECLARED)], out, DECLARED, {})
+
+
+def test_a_linked_state_folder_is_refused_not_deleted_through(tmp_path: Path) -> None:
+    """The runner deletes a finished run's own state folder: a `seed<k>/state` that was
+    a link to a folder elsewhere had that folder deleted (an audit, session 31)."""
+    grid_experiment(tmp_path)
+    victim = tmp_path / "victim"
+    (victim / "keep").mkdir(parents=True)
+    experiment = Experiment.load(tmp_path / "t1.toml", DECLARED)
+    [spec, *_] = plan([experiment], tmp_path / "o", DECLARED, {}, 1, ("fedreg",))
+    spec.folder.mkdir(parents=True)
+    (spec.folder / "state").symlink_to(victim)
+    with pytest.raises(ConfigError, match="state is a link; the runner keeps"):
+        plan([experiment], tmp_path / "o", DECLARED, {}, 1, ("fedreg",))
+    assert (victim / "keep").is_dir()
 
 
 def test_an_unknown_key_in_a_config_file_names_the_file_and_the_closest_key(
@@ -681,6 +727,24 @@ def finished_run(spec: RunSpec, seconds: float) -> None:
     path.write_text(json.dumps(document))
 
 
+def test_progress_takes_seconds_only_from_checked_records_of_this_setting(
+    tmp_path: Path,
+) -> None:
+    """An audit (session 31): a failed record whose rounds lacked `train_seconds` (the
+    report does not check a failed run's rounds) crashed the runner, `--dry-run` too, with
+    a KeyError; the records of another setting (50 local epochs, not 1) gave the estimate."""
+    [spec] = one_cell_specs(tmp_path, 1)
+    finished_run(spec, 5.0)
+    damaged = spec.folder / "20250102-000000_run2"
+    damaged.mkdir()
+    failed = {**results_document("failed", spec.setting, spec.clients), "rounds": [{"round": 1}]}
+    (damaged / "results.json").write_text(json.dumps(failed))
+    other = RunSpec(**{**spec.__dict__, "setting": {**spec.setting, "local-epochs": 50}})
+    finished_run(RunSpec(**{**other.__dict__, "folder": tmp_path / "elsewhere"}), 500.0)
+    shutil.move(next((tmp_path / "elsewhere").iterdir()), spec.folder / "20250103-000000_run3")
+    assert recorded_seconds([spec]) == {cell_key(spec): 5.0}
+
+
 def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> None:
     """A grid's cells cost differently (Ditto trains two models): the time left adds each
     cell's own seconds a round, from its records on disk until it has run here, scaled by
@@ -824,6 +888,12 @@ def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path
     changed = {**killed.run_config, "local-epochs": 7}
     attempt = decide(RunSpec(**{**killed.__dict__, "run_config": changed}), DECLARED)
     assert attempt.resume is None and "local-epochs" in attempt.note
+    # Even the keys a ServerApp's resume may change (extending a deployed run): resumed,
+    # the record would hold rounds evaluated that an uninterrupted run never evaluates.
+    for key, value in (("eval-every", 4), ("num-server-rounds", 1)):
+        other = RunSpec(**{**killed.__dict__, "run_config": {**killed.run_config, key: value}})
+        attempt = decide(other, DECLARED)
+        assert attempt.resume is None and f"another setting ({key}={value}" in attempt.note
     # So does the experiment's number of clients (the ServerApp would refuse the resume).
     attempt = decide(RunSpec(**{**killed.__dict__, "clients": killed.clients + 1}), DECLARED)
     assert attempt.resume is None
@@ -1265,6 +1335,22 @@ def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
 
 
 @pytest.mark.e2e
+def runner_at_round_1(config: Path, out: Path, log: Any) -> subprocess.Popen:
+    """A fedreg-experiment process on ``config``, returned once round 1 is checkpointed."""
+    command = [sys.executable, "-m", "fedreg_app.experiments", str(config), "--out", str(out)]
+    runner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    seed, deadline = out / "tiny" / "fedreg" / "seed0", time.monotonic() + 300
+    try:
+        while not any(checkpoint_round(f.parent.parent) >= 1
+                      for f in seed.glob("*/checkpoint/state.json")):  # fmt: skip
+            assert runner.poll() is None and time.monotonic() < deadline, "no round 1"
+            time.sleep(0.05)
+    except BaseException:
+        kill_tree(runner)
+        raise
+    return runner
+
+
 def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterrupted_run(
     uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
 ) -> None:
@@ -1274,16 +1360,9 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
     are kept, not recomputed) and ends with the uninterrupted run's accuracies and
     model."""
     config, out = tiny_fedreg(tmp_path, grey_dataset), tmp_path / "out"
-    command = [sys.executable, "-m", "fedreg_app.experiments", str(config), "--out", str(out)]
     with (tmp_path / "first.log").open("w") as log:
-        runner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        runner = runner_at_round_1(config, out, log)
         try:
-            seed = out / "tiny" / "fedreg" / "seed0"
-            deadline = time.monotonic() + 300
-            while not any(checkpoint_round(f.parent.parent) >= 1
-                          for f in seed.glob("*/checkpoint/state.json")):  # fmt: skip
-                assert runner.poll() is None and time.monotonic() < deadline, "no round 1"
-                time.sleep(0.05)
             # the same command started twice by mistake: refused while the first runs
             assert main([str(config), "--out", str(out)]) == EXIT_BUSY
             assert f"in use by another fedreg-experiment (PID {runner.pid}) since" in (
@@ -1317,6 +1396,36 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
     assert results["rounds"][:stopped_at] == before
     assert_equal_runs(folder, uninterrupted)
     assert not (out / "tiny" / "fedreg" / "seed0" / "state").exists()  # finished: freed
+
+
+def test_a_runner_killed_alone_takes_its_superlink_and_simulation_with_it(
+    uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
+) -> None:
+    """SIGKILL to the fedreg-experiment process alone (by PID: an OOM kill, a `kill -9`)
+    once round 1 is checkpointed. Before, its SuperLink and SuperExec ran on for good and
+    the simulation finished the run unsupervised (a walk-through, session 31). Now the
+    SuperLink's watchdog stops them; the same command then resumes the run, which ends
+    with the uninterrupted run's accuracies and model."""
+    config, out = tiny_fedreg(tmp_path, grey_dataset), tmp_path / "out"
+    with (tmp_path / "first.log").open("w") as log:
+        runner = runner_at_round_1(config, out, log)
+        try:
+            assert processes_using(out / ".flwr_home")  # the SuperLink and the run
+            os.kill(runner.pid, signal.SIGKILL)  # the runner only: no chance to clean up
+            assert runner.wait(timeout=30) == -signal.SIGKILL
+            deadline = time.monotonic() + 60
+            while processes_using(out / ".flwr_home") and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert processes_using(out / ".flwr_home") == []  # stopped, not left running
+        finally:
+            for pid in processes_using(out / ".flwr_home"):  # only if the test failed
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    folder = only_run_folder(out)
+    assert checkpoint_round(folder) < 4  # the run did not go on to its end unsupervised
+    assert main([str(config), "--out", str(out)]) == 0
+    assert f"resuming {folder} after round" in capsys.readouterr().out
+    assert_equal_runs(folder, uninterrupted)
 
 
 #: Put first on a process tree's PYTHONPATH: in the process that runs the ServerApp (the
@@ -1701,3 +1810,35 @@ def test_a_slice_ending_at_the_last_round_lets_the_run_finish(
     assert json.loads((folder / "results.json").read_text())["run"]["status"] == "completed"
     assert not read_marker(folder)
     assert "done: t2 fedreg seed 0" in printed.out and "stopped" not in printed.err
+
+
+def test_a_killed_runners_leftovers_are_tidied_once_nothing_resumes_them(tmp_path: Path) -> None:
+    """A walk-through (session 31): a run finished by a process other than the runner (an
+    orphaned simulation), or a runner killed between a run's end and its cleanup, left the
+    seed folder's `state/` (64 MB there) and a `tmp*.toml` behind for good. The next
+    runner removes them, but never the state a run may still resume from."""
+    [spec] = one_cell_specs(tmp_path, 1)
+    assert spec.own_state_dir
+    folder = interrupted_run(spec, "running")
+    (spec.folder / "tmpab12cd.toml").write_text("algo = 'fedreg'\n")
+    assert tidy(spec) == [spec.folder / "tmpab12cd.toml"]  # resumable: its state stays
+    assert spec.state_dir.is_dir()
+    write_marker(folder, stopped="stopped by SIGTERM")
+    document = json.loads((folder / "results.json").read_text())
+    (folder / "results.json").write_text(json.dumps({**document, "run": {
+        **document["run"], "status": "failed"}}))  # fmt: skip
+    assert tidy(spec) == [] and spec.state_dir.is_dir()  # stopped by the runner: resumed
+    finished = results_document("completed", spec.setting, spec.clients)
+    (folder / "results.json").write_text(json.dumps(finished))
+    assert tidy(spec) == [spec.state_dir] and not spec.state_dir.exists()
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_said_to_start_anew(tmp_path: Path) -> None:
+    """A walk-through (session 31): such a run was reported as `stopped after round 0/5
+    (checkpoint in <folder>)` with no checkpoint there, and the next invocation started
+    it anew without a word, though the README promises the runner says so."""
+    [spec] = one_cell_specs(tmp_path, 1)
+    write_results(spec, "running")
+    attempt = decide(spec, DECLARED)
+    assert attempt.resume is None
+    assert "stopped before its first checkpoint; starting the run anew" in attempt.note

@@ -871,7 +871,8 @@ def test_server_killed_after_its_last_checkpoint_resumes_to_the_same_end(
     if ends_early:
         config = {**base, "algo": "fedbabu-deviation", "num-server-rounds": 6,
                   "deviation-window": 1, "deviation-epsilon": 1.0,
-                  "deviation-finetune-rounds": 1}  # fmt: skip
+                  "deviation-finetune-rounds": 1,
+                  "dirichlet-balance": False}  # fmt: skip  # sigma_w falls in 3 on this one
         last = 4
     whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
     assert run_server(whole)[1] is None
@@ -1201,7 +1202,8 @@ def test_state_resets_degrade_the_runs_of_this_version_only() -> None:
     2) with a reset must say `degraded`; a rule nobody wrote is refused."""
     round_ = {"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
               "train_seconds": 1.0, "eval_seconds": 1.0, "state_resets": 1}  # fmt: skip
-    earlier = {"run": {"status": "completed"}, "rounds": [round_], "config": {}}
+    earlier = {"run": {"status": "completed"}, "rounds": [round_],
+               "config": {"num-server-rounds": 1}}  # fmt: skip
     assert status_problem(earlier) is None
     ours = {**earlier, "run": {"status": "completed", "status_rule": 2}}
     assert "status 'completed' but rounds [1] are degraded" in status_problem(ours)
@@ -1229,3 +1231,147 @@ def test_a_round_short_of_min_train_replies_keeps_the_global_model_and_says_so(
     once = {**config, "num-server-rounds": 1, "results-dir": str(tmp_path / "once")}
     assert run_server(once)[1] is None
     assert_same_arrays(final_model(tmp_path / "results"), final_model(tmp_path / "once"))
+
+
+def test_a_device_reads_its_own_copy_when_it_lacks_the_servers_dataset_path(
+    base: dict[str, Any], tmp_path: Path, grey_dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run config's `dataset-path` is the server's copy; each device names its own
+    in its node config (docs/deployment.md, 1.5). Every ClientApp still validated the
+    run config's path, so on a device without the server's folder every query failed
+    and discovery waited out its timeout: no real deployment with other paths could
+    start. Here the server's copy is hidden from the nodes while they run."""
+    monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 20.0)
+    server_copy = copy_dataset(grey_dataset, tmp_path / "server-data")
+    device_copy = copy_dataset(grey_dataset, tmp_path / "device-data")
+    config = {**base, "dataset-path": str(server_copy), "num-server-rounds": 2}
+    _, stopped = run_server(config, node_config={"dataset-path": str(device_copy)},
+                            hidden_from_nodes=server_copy)  # fmt: skip
+    assert stopped is None
+    deployed = results(tmp_path / "results")
+    assert deployed["run"]["status"] == "completed"
+    one_copy = {**config, "results-dir": str(tmp_path / "one-copy")}
+    run_server(one_copy)
+    assert per_round(deployed) == per_round(results(tmp_path / "one-copy"))
+
+
+@pytest.mark.parametrize(
+    ("node_path", "problem"),
+    [
+        ("missing", "this node's --node-config dataset-path="),
+        (None, "the run config's dataset-path="),  # no copy of its own, the server's absent
+    ],
+)
+def test_a_device_without_its_data_is_named_at_discovery_before_any_round(
+    base: dict[str, Any], tmp_path: Path, grey_dataset: Path, monkeypatch: pytest.MonkeyPatch,
+    node_path: str | None, problem: str,
+) -> None:  # fmt: skip
+    """A node whose data cannot be found was mapped at discovery and failed only in its
+    first round, after the others had trained. Now its query fails: it serves no
+    partition, discovery waits for one that can, and its timeout names the node and why."""
+    monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 3.0)
+    server_copy = copy_dataset(grey_dataset, tmp_path / "server-data")
+    device_copy = copy_dataset(grey_dataset, tmp_path / "device-data")
+    node_3 = {"dataset-path": str(tmp_path / node_path) if node_path else ""}
+    grid, stopped = run_server({**base, "dataset-path": str(server_copy)},
+                               node_config={"dataset-path": str(device_copy)},
+                               node_configs={3: node_3}, hidden_from_nodes=server_copy)  # fmt: skip
+    assert isinstance(stopped, TimeoutError)
+    message = str(stopped)
+    assert "only partitions [0, 1, 2] have a node" in message
+    assert "node 1003: " in message and problem in message and "train.parquet" in message
+    assert {phase for phase, _, _ in grid.delivered} == {MessageType.QUERY}
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "failed" and problem in document["run"]["error"]
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_as_it_ran(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """A checkpoint written before `dirichlet-balance` existed records no such key; its
+    run drew its partition without balancing. Read as today's default, a resume would
+    have continued on another partition (refused only by the split sizes, with a message
+    about other data). It is read as it ran: a resume with today's default is refused
+    naming the key; one with the run's value equals the uninterrupted run."""
+    from fedreg_app.checkpoint import _body_hash
+
+    config = {**base, "algo": "fedavg", "dirichlet-balance": False, "num-server-rounds": 1,
+              "state-dir": str(tmp_path / "state")}  # fmt: skip
+    run_server(config)
+    [folder] = list((tmp_path / "results").iterdir())
+    state_path = folder / "checkpoint" / "state.json"
+    state = json.loads(state_path.read_text())
+    del state["run_config"]["dirichlet-balance"]  # as the earlier version wrote it
+    body = {k: v for k, v in state.items() if k != "sha256"}
+    state_path.write_text(json.dumps({**body, "sha256": _body_hash(body)}))
+    document = json.loads((folder / "results.json").read_text())
+    del document["config"]["dirichlet-balance"]
+    (folder / "results.json").write_text(json.dumps(document))
+    today = {k: v for k, v in config.items() if k != "dirichlet-balance"}
+    _, refused = run_server({**today, "num-server-rounds": 2, "resume": str(folder)}, run_id=2)
+    assert isinstance(refused, ConfigError)
+    assert "dirichlet-balance=True is not allowed" in str(refused)
+    assert "made with dirichlet-balance=False" in str(refused)
+    _, stopped = run_server({**config, "num-server-rounds": 2, "resume": str(folder)}, run_id=3)
+    assert stopped is None
+    whole = {**config, "num-server-rounds": 2, "results-dir": str(tmp_path / "whole"),
+             "state-dir": str(tmp_path / "whole-state")}  # fmt: skip
+    run_server(whole)
+    assert per_round(json.loads((folder / "results.json").read_text())) == per_round(
+        results(tmp_path / "whole")
+    )
+
+
+@pytest.mark.parametrize("edit", ["figures", "config"])
+def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
+    base: dict[str, Any], tmp_path: Path, edit: str
+) -> None:
+    """An audit (session 31): a finished run's results.json edited by hand (a round's
+    accuracies and the best figures made consistent, or its config) was published by
+    `fedreg-report` and taken as finished by the runner; the checkpoint's seal was
+    checked on resume only. Now a record beside a checkpoint must be the one it sealed."""
+    from fedreg_app.reports import scan
+
+    seed_folder = tmp_path / "root" / "smoke" / "fedavg" / "seed5"
+    config = {**base, "algo": "fedavg", "num-server-rounds": 2, "state-dir": str(tmp_path / "s"),
+              "results-dir": str(seed_folder)}  # fmt: skip
+    run_server(config)
+    assert [r.seed for r in scan(tmp_path / "root").results] == [5]  # as it was written
+    [path] = list(seed_folder.glob("*/results.json"))
+    document = json.loads(path.read_text())
+    if edit == "figures":
+        for key in ("global_accuracy", "personal_accuracy"):
+            document["rounds"][-1][key] = 0.95
+        for key in ("best_global_accuracy", "best_personal_accuracy"):
+            document[key] = 0.95
+    else:
+        document["config"]["local-epochs"] = 5
+    path.write_text(json.dumps(document))
+    collection = scan(tmp_path / "root")
+    assert collection.results == []
+    note = collection.skipped_note(tmp_path / "root")
+    said = "not the ones the checkpoint sealed" if edit == "figures" else "local-epochs"
+    assert said in note and "invalid" in note
+
+
+def test_only_an_algorithm_that_ends_early_may_record_fewer_rounds() -> None:
+    """An audit (session 31): a `completed` FedAvg record cut to 1 of its 4 rounds, with
+    `run.ended_after_round = 1` added, passed as finished; so did one whose
+    num-server-rounds was missing, "4" or 4.0 (no round count was checked)."""
+    from fedreg_app.metrics import ENDS_EARLY
+    from fedreg_app.registry import ALGORITHMS
+    from strategies.base import PersonalizedStrategy
+
+    overriding = {name for name, algorithm in ALGORITHMS.items()
+                  if algorithm.strategy.finished is not PersonalizedStrategy.finished}  # fmt: skip
+    assert overriding == ENDS_EARLY
+    round_ = {"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
+              "train_seconds": 1.0, "eval_seconds": 1.0}  # fmt: skip
+    cut = {"run": {"status": "completed", "ended_after_round": 1}, "rounds": [round_],
+           "config": {"algo": "fedavg", "num-server-rounds": 4}}  # fmt: skip
+    assert "records 1 of the 4 rounds" in status_problem(cut)
+    ended = {**cut, "config": {"algo": "fedbabu-deviation", "num-server-rounds": 4}}
+    assert status_problem(ended) is None
+    for count in ("4", 4.0, None):
+        config = {"algo": "fedavg", **({} if count is None else {"num-server-rounds": count})}
+        assert "config.num-server-rounds is" in status_problem({**cut, "config": config})

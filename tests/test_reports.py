@@ -87,7 +87,9 @@ def fake_run(
         "config": {"algo": cell.split("__")[0], "dataset": "zalando-datasets/fashion_mnist",
                    "num-server-rounds": len(rounds) if status in ("completed", "degraded")
                    else 5, "alpha": 0.1, "fraction-train": 0.25,
-                   "local-epochs": 1, "batch-size": 10, "seed": seed, **(config or {})},
+                   "local-epochs": 1, "batch-size": 10, "seed": seed,
+                   "dirichlet-balance": True, "optimizer-state": "persistent",  # as of today
+                   **(config or {})},
         "run": {"status": status, "num_clients": clients, **({"error": error} if error else {})},
         "rounds": rounds,
         **{f"total_{key}": value if rounds else 0 for key, value in traffic.items()},
@@ -726,6 +728,43 @@ def test_report_cli_adds_the_paper_and_refuses_a_config_without_one(tmp_path: Pa
     assert "none.toml: has no [experiment.paper] table" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [(b"\xff\xfe[experiment]", "is not TOML"), (b"experiment = 3\n", "'experiment' is 3")],
+)
+def test_a_paper_file_that_is_not_text_or_has_no_table_is_named(
+    tmp_path: Path, content: bytes, named: str
+) -> None:
+    """An audit (session 31): a `--paper` file that is not UTF-8 raised UnicodeDecodeError,
+    one whose top level says `experiment = 3` a TypeError; both name the file now."""
+    path = tmp_path / "paper.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=named) as refused:
+        read_paper_cells(path)
+    assert str(path) in str(refused.value)
+
+
+def test_a_paper_file_of_another_setting_is_said_to_be_so(tmp_path: Path) -> None:
+    """An audit (session 31): runs of 20 clients and 3 rounds were set beside a paper file
+    that says 50 clients and 100 rounds, the differences in points shown without a word.
+    The keys the file sets are compared with the runs'; where it sets the runs' own
+    setting, nothing is said."""
+    fake_run(tmp_path / "runs", "t", "fedreg", 0)
+    runs = scan(tmp_path / "runs").results
+    other = tmp_path / "other.toml"
+    other.write_text('num-server-rounds = 100\ndataset-path = "/elsewhere"\n[experiment]\n'
+                     'name = "t"\nclients = 50\n[experiment.paper]\nsource = "X"\n'
+                     "fedreg = { G = 60.0, P = 80.0 }\n")  # fmt: skip
+    table = paper_comparison(runs, read_paper_cells(other))
+    assert "not of the setting the paper's file gives" in table
+    assert "num-server-rounds=3, not 100" in table and "clients=20, not 50" in table
+    assert "dataset-path" not in table  # where the runs happened does not count
+    rounds = runs[0].document["config"]["num-server-rounds"]
+    same = tmp_path / "same.toml"
+    same.write_text(other.read_text().replace("100", str(rounds)).replace("50", "20"))
+    assert "not of the setting" not in paper_comparison(runs, read_paper_cells(same))
+
+
 def test_every_papers_table_has_its_published_cells_in_its_config() -> None:
     """Each config of a paper table (1 to 6, thesis 5.3) holds that table's cells, keyed
     by the cells it runs (so every published figure meets one of ours), spot-checked
@@ -887,3 +926,23 @@ def test_a_paper_of_an_experiment_not_under_the_root_says_so(tmp_path: Path) -> 
     text = paper_comparison(collect(tmp_path), paper)
     assert text == ("t against paper X: no runs of the experiment 't' under this root "
                     "(experiments found: t_cpu)")  # fmt: skip
+
+
+def test_a_folder_linked_to_another_cells_or_seeds_records_outside_the_root_is_refused(
+    tmp_path: Path,
+) -> None:
+    """An audit (session 31): a cell folder `fedreg -> <elsewhere>/fedavg` was checked
+    where the link led (FedAvg's records in FedAvg's folder: fine) but counted under the
+    link's name, so FedAvg's figures were published as FedReG's; a `seed2 -> seed0`
+    elsewhere counted seed 0 twice. The records are checked where they are counted."""
+    elsewhere, root = tmp_path / "elsewhere", tmp_path / "root"
+    fake_run(elsewhere, "smoke", "fedavg", 0)
+    fake_run(root, "smoke", "fedreg", 0)
+    (root / "smoke" / "fedavg").mkdir()
+    (root / "smoke" / "fedavg" / "seed1").symlink_to(elsewhere / "smoke" / "fedavg" / "seed0")
+    (root / "smoke" / "gpfl").symlink_to(elsewhere / "smoke" / "fedavg")
+    collection = scan(root)
+    assert [(r.cell, r.seed) for r in collection.results] == [("fedreg", 0)]
+    note = collection.skipped_note(root)
+    assert "config.seed is 0 but the file lies in seed1" in note
+    assert "gpfl" in note and "fedavg" in note
