@@ -407,6 +407,8 @@ def _results_field(state: Mapping[str, Any], path: Path) -> dict[str, Any] | Non
         isinstance(results, dict) and is_whole(results.get("run_id"))
         and isinstance(results.get("rounds_sha256"), str)
         and SHA256.fullmatch(results["rounds_sha256"])
+        and (results.get("fields") is None or (isinstance(results["fields"], list)
+             and all(isinstance(name, str) for name in results["fields"])))
     ):  # fmt: skip
         raise _fail(path, f"has no valid 'results' seal (got {results!r:.80})")
     return results

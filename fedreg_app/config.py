@@ -385,10 +385,23 @@ EARLIER_MEANING: dict[str, Any] = {
     "finetune-when": "every-eval",
 }
 
+#: Where an earlier meaning applies: the algorithms that declare an algorithm key (a
+#: FedAvg record never had FedBABU's), the partitions a partition key changes.
+MEANING_APPLIES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
+    "dirichlet-balance": lambda c: c.get("partition", "dirichlet") in DIRICHLET_PARTITIONS,
+    "fedreg-schedule": lambda c: c.get("algo", "fedreg") == "fedreg",
+    "ditto-personal-init": lambda c: c.get("algo") == "ditto",
+    "finetune-when": lambda c: c.get("algo") == "fedbabu",
+}
+DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet-topup")
+
 
 def as_ran(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded run config with the keys its version lacked set to what it did."""
-    return {**{k: v for k, v in EARLIER_MEANING.items() if k not in recorded}, **recorded}
+    """A recorded run config with the keys its version lacked, where they matter to its
+    algorithm and partition, set to what it did."""
+    missing = {key: value for key, value in EARLIER_MEANING.items() if key not in recorded
+               and MEANING_APPLIES.get(key, lambda _: True)(recorded)}  # fmt: skip
+    return {**missing, **recorded}
 
 
 def setting_differences(

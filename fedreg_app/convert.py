@@ -68,8 +68,15 @@ def convert_emnist(source: Path, target: Path, split: str) -> list[Path]:
         raise ValueError(f"split={split!r} is not allowed: expected one of {EMNIST_SPLITS}")
     parts = {part: read_part(source, split, part) for part in ("train", "test")}
     target.mkdir(parents=True, exist_ok=True)
-    staged = {part: write_part(*arrays, class_names(source, split, arrays[1]), target, part)
-              for part, arrays in parts.items()}  # fmt: skip
+    staged: dict[str, Path] = {}
+    try:
+        for part, (images, labels) in parts.items():
+            names = class_names(source, split, labels)
+            staged[part] = write_part(images, labels, names, target, part)
+    except BaseException:
+        for partial in [*staged.values(), *(target / f".{p}.parquet.partial" for p in parts)]:
+            partial.unlink(missing_ok=True)
+        raise
     written = []
     for part, temporary in staged.items():
         path = target / f"{part}.parquet"

@@ -335,7 +335,8 @@ def plan(
     specs = []
     check_runner_keys(overrides)
     for experiment in experiments:
-        for where in (experiment.run_config, *experiment.variants.values()):
+        grid = {k: None for k in experiment.grid if k != "seed"}  # seed: run_spec names it
+        for where in (experiment.run_config, *experiment.variants.values(), grid):
             try:
                 check_runner_keys(where)
             except ConfigError as err:

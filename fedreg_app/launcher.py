@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from fedreg_app.persist import FolderInUseError
+
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 #: For runs on local dataset copies: Hugging Face libraries never reach for the network.
@@ -173,8 +175,9 @@ def watchdog(owner: int, superlink: int) -> None:
 def start_watchdog(superlink: int) -> subprocess.Popen:
     """A process that stops ``superlink``'s tree if this process dies first."""
     code = f"from fedreg_app.launcher import watchdog; watchdog({os.getpid()}, {superlink})"
+    quiet = subprocess.DEVNULL  # a pipe on the owner's output would wait for it to end
     return subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT, start_new_session=True,
-                            stdin=subprocess.DEVNULL)  # fmt: skip
+                            stdin=quiet, stdout=quiet, stderr=quiet)  # fmt: skip
 
 
 def _leads_group(pid: int) -> bool:
@@ -299,6 +302,33 @@ def forget_earlier_runs(database: Path) -> list[Path]:
     return removed
 
 
+def processes_naming(path: Path) -> list[int]:
+    """PIDs (not this one) whose command line names ``path``: a SuperLink on a database in
+    it, a run of an app staged in it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if str(path) in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+    return [pid for pid in found if _alive(pid)]
+
+
+def wait_until_unused(database: Path, timeout: float = 60.0) -> None:
+    """Wait for an earlier SuperLink on ``database`` to end (a runner killed a moment ago:
+    its watchdog is stopping it); raise naming it if it does not, before its database is
+    deleted under it."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_naming(database)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        raise FolderInUseError(
+            f"processes {left[:5]} still use {database} (the SuperLink of an earlier "
+            "fedreg-experiment on this --out?): stop them by their PIDs, then run the same "
+            "command"
+        )
+
+
 class LocalSuperLink:
     """A simulation SuperLink on loopback for the duration of a ``with`` block; ``resources``
     are each client actor's unless a call names its own CPUs."""
@@ -332,6 +362,7 @@ class LocalSuperLink:
     def __enter__(self) -> LocalSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
         self.app = stage_app(self.source, self.home / "app")
+        wait_until_unused(self.home / DATABASE)  # a killed runner's SuperLink, being stopped
         forget_earlier_runs(self.home / DATABASE)
         self._log = (self.home / "superlink.log").open("w")
         self.process = subprocess.Popen(
@@ -385,16 +416,16 @@ class LocalSuperLink:
         raise TimeoutError("flower-superlink did not become healthy in time")
 
     def stop(self) -> None:
-        """SIGTERM the SuperLink's process group, then SIGKILL what is left (its watchdog,
-        which then has nothing to watch, exits by itself)."""
+        """SIGTERM the SuperLink's process group, then SIGKILL what is left. Its watchdog
+        goes first: once the SuperLink is reaped its PID may be another process's."""
+        if self.watchdog is not None:
+            self.watchdog.kill()
+            self.watchdog.wait()
+            self.watchdog = None
         stop_process(self.process)
         if self.process is not None:
             self._log.close()
         self.process = None
-        if self.watchdog is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.watchdog.wait(timeout=3 * WATCH_POLL_S + 5)
-            self.watchdog = None
 
     def command(
         self, run_config: str, supernodes: int, cpus_per_client: int | None = None

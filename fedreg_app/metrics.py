@@ -27,6 +27,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Collection
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -512,8 +513,9 @@ class ResultsWriter:
         """What a checkpoint made now records of this file: the run id and a sha256 of
         its rounds as they are on disk (the text just written, parsed: a resume hashes the
         same values)."""
-        rounds = json.loads(self._written)["rounds"]
-        return {"run_id": self.run["run_id"], "rounds_sha256": rounds_sha256(rounds)}
+        rounds, names = json.loads(self._written)["rounds"], round_fields()
+        return {"run_id": self.run["run_id"], "rounds_sha256": rounds_sha256(rounds, names),
+                "fields": names}  # fmt: skip
 
     def _write(self) -> None:
         document = {
@@ -532,14 +534,37 @@ class ResultsWriter:
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())
 
 
-def rounds_sha256(rounds: list[dict[str, Any]]) -> str:
+#: Fields RoundRecord gained after checkpoints began to seal results.json (session 30)
+#: but before seals named the fields they hashed: such a seal hashed all the others.
+UNNAMED_SEAL_LATER_FIELDS = frozenset({"global_model_kept"})
+
+
+def round_fields() -> list[str]:
+    """This version's round-record fields, as a seal names them."""
+    return sorted(f.name for f in fields(RoundRecord))
+
+
+def rounds_sha256(rounds: list[dict[str, Any]], only: Collection[str] | None = None) -> str:
     """A digest of round records as ``results.json`` holds them (parsed JSON), in their
-    normal form: every field of this version, its default where a round written by an
-    earlier version lacks it. A resume rewrites its kept rounds in that form, so a later
-    resume from the same checkpoint still finds the rounds it sealed."""
+    normal form: every field of this version (``only``: of those), its default where a
+    round written by an earlier version lacks it. A resume rewrites its kept rounds in
+    that form, so a later resume from the same checkpoint still finds the rounds it
+    sealed; a seal names the fields it hashed, so a field added later changes nothing."""
     normal = [asdict(RoundRecord(**r)) for r in rounds]
+    if only is not None:
+        normal = [{k: v for k, v in record.items() if k in only} for record in normal]
     text = json.dumps(normal, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sealed_rounds_match(rounds: list[dict[str, Any]], seal: dict[str, Any]) -> bool:
+    """Whether ``rounds`` are the ones the seal hashed, over the fields it names (a seal
+    without names: every field of this version, or of the version before the fields in
+    :data:`UNNAMED_SEAL_LATER_FIELDS` were added)."""
+    named = seal.get("fields")
+    every = set(round_fields())
+    candidates = [set(named)] if named else [every, every - UNNAMED_SEAL_LATER_FIELDS]
+    return any(rounds_sha256(rounds, c) == seal["rounds_sha256"] for c in candidates)
 
 
 def kept_rounds_problem(
@@ -578,7 +603,7 @@ def kept_rounds_problem(
                 f"it is the record of run {run_id!r}, the checkpoint continues run "
                 f"{seal['run_id']} (another run's results.json?)"
             )
-        if rounds_sha256(rounds[:after_round]) != seal["rounds_sha256"]:
+        if not sealed_rounds_match(rounds[:after_round], seal):
             return (
                 f"its rounds 1-{after_round} are not the ones the checkpoint sealed (edited, "
                 "or another run's results.json)"

@@ -358,7 +358,7 @@ def placement_problem(path: Path, document: dict[str, Any]) -> str | None:
     is not checked. The path is taken as given, links not followed: it is the one the
     report counts the file under (a cell folder linked to another cell's elsewhere
     would otherwise be checked as that cell and counted as this one)."""
-    path = path.absolute()
+    path = Path(os.path.normpath(path.absolute()))  # a root given as '..' hides nothing
     seed_folder = next((f for f in (path.parent, path.parent.parent)
                         if SEED_FOLDER.fullmatch(f.name)), None)  # fmt: skip
     if seed_folder is None:
@@ -425,7 +425,10 @@ def seal_problem(run_folder: Path, document: dict[str, Any]) -> str | None:
         problem = kept_rounds_problem(document, seal.round, seal.results)
         if problem:
             return problem
-    changed = setting_differences(document["config"], seal.run_config)
+    # a resume that extends a run (num-server-rounds, eval-every) writes its config into
+    # results.json at once and into the checkpoint only with its first round
+    resumable = ("num-server-rounds", "eval-every")
+    changed = setting_differences(document["config"], seal.run_config, ignore=resumable)
     if changed:
         return f"its config is not its checkpoint's ({'; '.join(changed[:3])}): edited?"
     return None
@@ -445,7 +448,10 @@ def read_document(path: Path) -> dict[str, Any]:
         problem = placement_problem(path, document) or seal_problem(path.parent, document)
     if problem:
         return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}
-    return {**document, "config": as_ran(document["config"])}  # an earlier version's: as it ran
+    config = document.get("config")  # a failed record's is not checked: maybe none
+    if not isinstance(config, dict):
+        return document
+    return {**document, "config": as_ran(config)}  # an earlier version's: as it ran
 
 
 #: A seed left out of its cell's figures: its run is of another setting than the others'.
@@ -712,7 +718,10 @@ def read_paper_cells(path: Path) -> PaperCells:
     if PAPER_TABLE not in meta:
         raise ConfigError(f"{path}: has no [experiment.{PAPER_TABLE}] table of published figures")
     cells = PaperCells.from_table(str(meta.get("name", path.stem)), meta[PAPER_TABLE], str(path))
-    setting = {k: v for k, v in document.items() if k != "experiment"}
+    varied = {"algo", *meta.get("grid", {}), *(k for v in meta.get("variants", {}).values()
+                                                 for k in v)}  # fmt: skip
+    setting = {k: v for k, v in document.items() if k != "experiment" and k not in varied
+               and not (k == "head-depth" and v == "auto")}  # fmt: skip
     # a key whose default changed since the records this file may meet were made: the
     # file's setting is today's default, which those records did not run (as_ran)
     core = RunConfig.core_keys()

@@ -249,3 +249,21 @@ def test_a_record_of_an_earlier_version_is_compared_and_replayed_as_it_ran(tmp_p
     assert config["dirichlet-balance"] is False
     said = "dirichlet-balance is not recorded: the version that made the run had no such key"
     assert any(n.startswith(said) and "ran as dirichlet-balance=False" in n for n in notes)
+
+
+def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
+    """A review (session 31): a shard or natural partition's earlier record was read as
+    `dirichlet-balance = false` (a key that cannot change it), so its resume was refused
+    and its finished run taken for another setting; a FedAvg record got FedBABU's
+    `finetune-when`. The algorithm keys apply to the algorithms that declare them."""
+    from fedreg_app.config import EARLIER_MEANING, MEANING_APPLIES, as_ran, setting_differences
+
+    for key in EARLIER_MEANING.keys() & MEANING_APPLIES.keys() - {"dirichlet-balance"}:
+        declaring = {name for name, a in ALGORITHMS.items() if key in a.options.declared()}
+        assert declaring == {name for name in ALGORITHMS if MEANING_APPLIES[key]({"algo": name})}
+    shard = {"algo": "fedavg", "partition": "shard", "seed": 0}
+    assert "dirichlet-balance" not in as_ran(shard) and "finetune-when" not in as_ran(shard)
+    today = {**shard, "dirichlet-balance": True}
+    assert setting_differences(today, shard) == []
+    assert as_ran({"algo": "fedbabu"})["finetune-when"] == "every-eval"
+    assert as_ran({"algo": "fedavg"})["dirichlet-balance"] is False  # dirichlet by default

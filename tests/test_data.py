@@ -493,3 +493,29 @@ def test_a_dataset_changed_in_place_at_the_same_size_is_decoded_again(tmp_path: 
             assert same_data(got, expected)
             changed += not same_data(before, expected)
     assert changed  # the swap reached some client's data
+
+
+def test_a_conversion_failing_while_writing_leaves_no_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A review (session 31): a failure while the second part was written left the
+    first part's staged file in the target."""
+    from fedreg_app import convert
+
+    source, target = tmp_path / "gzip", tmp_path / "out"
+    source.mkdir()
+    for part, count in (("train", 30), ("test", 10)):
+        write_idx(source / f"emnist-digits-{part}-images-idx3-ubyte.gz",
+                  np.zeros((count, 28, 28), dtype=np.uint8))  # fmt: skip
+        write_idx(source / f"emnist-digits-{part}-labels-idx1-ubyte.gz", np.arange(count) % 10)
+    write_part = convert.write_part
+
+    def disk_full(images, labels, names, folder, part):  # noqa: ANN001, ANN202
+        if part == "test":
+            raise OSError(28, "No space left on device")
+        return write_part(images, labels, names, folder, part)
+
+    monkeypatch.setattr(convert, "write_part", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        convert.convert_emnist(source, target, "digits")
+    assert list(target.iterdir()) == []

@@ -1334,7 +1334,6 @@ def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
     assert (out / RUNNER_LOCK).read_text() == ""  # released, and no stale PID left
 
 
-@pytest.mark.e2e
 def runner_at_round_1(config: Path, out: Path, log: Any) -> subprocess.Popen:
     """A fedreg-experiment process on ``config``, returned once round 1 is checkpointed."""
     command = [sys.executable, "-m", "fedreg_app.experiments", str(config), "--out", str(out)]
@@ -1351,6 +1350,7 @@ def runner_at_round_1(config: Path, out: Path, log: Any) -> subprocess.Popen:
     return runner
 
 
+@pytest.mark.e2e
 def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterrupted_run(
     uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
 ) -> None:
@@ -1398,6 +1398,7 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
     assert not (out / "tiny" / "fedreg" / "seed0" / "state").exists()  # finished: freed
 
 
+@pytest.mark.e2e
 def test_a_runner_killed_alone_takes_its_superlink_and_simulation_with_it(
     uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
 ) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
 
+import pytest
 from flwr.cli.build import build_fab_from_disk
 
 from fedreg_app.experiments import submitted_run_id
@@ -17,10 +19,16 @@ from fedreg_app.launcher import (
     DATABASE,
     HF_OFFLINE_ENV,
     PROJECT,
+    WATCH_POLL_S,
     LocalSuperLink,
+    _alive,
     config_text,
+    descendants,
+    processes_naming,
     stage_app,
+    wait_until_unused,
 )
+from fedreg_app.persist import FolderInUseError
 
 
 def fab_files(fab: bytes) -> dict[str, bytes]:
@@ -157,3 +165,49 @@ def test_a_run_left_pending_by_a_stopped_superlink_is_not_started_by_the_next(
         log = (home / "superlink.log").read_text()
     assert f"of run {run_id}" not in log, log
     assert not results_dir.exists()  # no ServerApp of it ever started
+
+
+def test_a_live_superlinks_database_is_not_deleted_under_it(tmp_path: Path) -> None:
+    """A review (session 31): a rerun in the seconds after a runner was SIGKILLed (its
+    lock gone, its watchdog still stopping the SuperLink) deleted the live SuperLink's
+    database. A process that names the database is waited for, then named."""
+    database = tmp_path / DATABASE
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                               "--database", str(database)])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while holder.pid not in processes_naming(database):  # until it has started
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        with pytest.raises(FolderInUseError, match=rf"processes \[{holder.pid}\] still use"):
+            wait_until_unused(database, timeout=1.0)
+    finally:
+        holder.kill()
+        holder.wait()
+    wait_until_unused(database, timeout=1.0)  # gone: nothing to wait for
+
+
+def test_the_watchdog_stops_a_tree_whose_owner_is_gone_and_leaves_it_otherwise(
+    tmp_path: Path,
+) -> None:
+    """The SuperLink's watchdog: while its owner runs, nothing happens; once the owner is
+    gone (here a process killed by SIGKILL), the watched tree is stopped."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleeper = "import time; time.sleep(60)"
+    child = f"subprocess.Popen([sys.executable, '-c', {sleeper!r}])"
+    parent = f"import subprocess, sys, time; {child}; time.sleep(60)"
+    tree = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
+    code = f"from fedreg_app.launcher import watchdog; watchdog({owner.pid}, {tree.pid})"
+    guard = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        time.sleep(3 * WATCH_POLL_S + 1)
+        below = descendants(tree.pid)
+        assert tree.poll() is None and guard.poll() is None and below  # owner alive
+        owner.kill()
+        owner.wait()
+        assert guard.wait(timeout=60) == 0
+        assert tree.wait(timeout=10) is not None and not any(map(_alive, below))
+    finally:
+        for process in (owner, tree, guard):
+            process.kill()
+            process.wait()

@@ -1322,7 +1322,7 @@ def test_a_checkpoint_of_an_earlier_version_resumes_as_it_ran(
     )
 
 
-@pytest.mark.parametrize("edit", ["figures", "config"])
+@pytest.mark.parametrize("edit", ["figures", "config", "extended"])
 def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     base: dict[str, Any], tmp_path: Path, edit: str
 ) -> None:
@@ -1344,8 +1344,14 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
             document["rounds"][-1][key] = 0.95
         for key in ("best_global_accuracy", "best_personal_accuracy"):
             document[key] = 0.95
-    else:
+    elif edit == "config":
         document["config"]["local-epochs"] = 5
+    else:  # a deployed run extended to 4 rounds, before its first new checkpoint: not edited
+        document["config"]["num-server-rounds"] = 4
+        document["run"]["status"] = "running"
+        path.write_text(json.dumps(document))
+        assert [r.seed for r in scan(tmp_path / "root", unfinished=True).results] == [5]
+        return
     path.write_text(json.dumps(document))
     collection = scan(tmp_path / "root")
     assert collection.results == []
@@ -1375,3 +1381,22 @@ def test_only_an_algorithm_that_ends_early_may_record_fewer_rounds() -> None:
     for count in ("4", 4.0, None):
         config = {"algo": "fedavg", **({} if count is None else {"num-server-rounds": count})}
         assert "config.num-server-rounds is" in status_problem({**cut, "config": config})
+
+
+def test_a_seal_written_before_a_field_was_added_still_holds() -> None:
+    """A review (session 31): a seal hashes the rounds' normal form, every field of this
+    version; `global_model_kept` came after the first seals, so every sealed record of
+    that time read as edited once the seal was checked beside finished records. A seal
+    now names its fields; one that names none is tried without the later fields."""
+    from fedreg_app.metrics import UNNAMED_SEAL_LATER_FIELDS, round_fields, sealed_rounds_match
+
+    rounds = [{"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
+               "personal_accuracy_std": 0.1, "train_seconds": 1.0, "eval_seconds": 1.0,
+               "num_train_examples": 10}]  # fmt: skip
+    earlier = set(round_fields()) - UNNAMED_SEAL_LATER_FIELDS
+    unnamed = {"run_id": 1, "rounds_sha256": rounds_sha256(rounds, earlier)}
+    assert sealed_rounds_match(rounds, unnamed)
+    named = {**unnamed, "fields": sorted(earlier)}
+    later = [{**rounds[0], "global_model_kept": True}]  # a field the seal did not hash
+    assert sealed_rounds_match(later, named)
+    assert not sealed_rounds_match([{**rounds[0], "global_accuracy": 0.7}], named)

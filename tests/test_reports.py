@@ -946,3 +946,29 @@ def test_a_folder_linked_to_another_cells_or_seeds_records_outside_the_root_is_r
     note = collection.skipped_note(root)
     assert "config.seed is 0 but the file lies in seed1" in note
     assert "gpfl" in note and "fedavg" in note
+
+
+def test_a_failed_record_without_a_config_is_skipped_not_a_crash(tmp_path: Path) -> None:
+    """A review (session 31): reading an earlier version's config (as_ran) indexed a
+    failed record's config, which nothing checks; `{"run": {"status": "failed"}}` made
+    the report and the runner raise KeyError."""
+    fake_run(tmp_path, "smoke", "fedreg", 0)
+    fake_run(tmp_path, "smoke", "fedreg", 1)
+    path = next((tmp_path / "smoke" / "fedreg" / "seed1").glob("*/results.json"))
+    path.write_text(json.dumps({"run": {"status": "failed", "error": "x"}}))
+    collection = scan(tmp_path)
+    assert [r.seed for r in collection.results] == [0]
+    assert "failed" in collection.skipped_note(tmp_path)
+
+
+def test_the_keys_a_paper_file_varies_are_not_its_setting(tmp_path: Path) -> None:
+    """A review (session 31): a paper file's grid (alpha 0.1 and 0.5 over a top-level
+    0.1), its variants and algorithms were read as its setting, so its own alpha-0.5
+    cells were said to be of another setting."""
+    fake_run(tmp_path / "runs", "t", "fedreg__alpha-0.5", 0, config={"alpha": 0.5})
+    runs = scan(tmp_path / "runs").results
+    paper = tmp_path / "t.toml"
+    paper.write_text('alpha = 0.1\nalgo = "fedavg"\nhead-depth = "auto"\n[experiment]\n'
+                     'name = "t"\ngrid = { alpha = [0.1, 0.5] }\n[experiment.paper]\n'
+                     'source = "X"\nfedreg = { G = 60.0, P = 80.0 }\n')  # fmt: skip
+    assert "not of the setting" not in paper_comparison(runs, read_paper_cells(paper))
