@@ -75,6 +75,7 @@ from fedreg_app.training import select_device
 from strategies.base import ModelParts, PersonalizedStrategy
 
 DATASET_PATH = "dataset-path"
+INIT_MODEL = "init-model"
 STATE_DIR = "state-dir"
 NUM_THREADS = "num-threads"
 
@@ -125,28 +126,39 @@ def _validated(items: frozenset) -> RunConfig:
     return load_config(dict(items))
 
 
+#: Run-config keys naming files on the server's machine; a node names its own copy in
+#: its node config (a device need not have the server's paths): the dataset, and the
+#: pre-trained model its private parts start from (the same file as the server's).
+NODE_COPIES = (DATASET_PATH, INIT_MODEL)
+
+
 def run_config_of(context: Context) -> RunConfig:
     """The run config, validated as the server validated it (once per process and run),
-    with the node's own ``dataset-path`` in place of the run config's: that one is the
-    server's copy, which a device need not have at that path (or at all)."""
+    with the node's own copies (:data:`NODE_COPIES`) in place of the run config's paths:
+    those are the server's, which a device need not have at that path (or at all)."""
     items = dict(context.run_config)
-    node_path, server_path = context.node_config.get(DATASET_PATH), items.get(DATASET_PATH)
-    if node_path:
-        require_dataset(str(node_path), "this node's --node-config dataset-path")
-        items[DATASET_PATH] = str(node_path)
-    elif server_path:
-        hint = " (the server's copy; give this node its own: --node-config dataset-path=...)"
-        require_dataset(str(server_path), "the run config's dataset-path", hint)
+    for key in NODE_COPIES:
+        node_path, server_path = context.node_config.get(key), items.get(key)
+        if node_path:
+            require_copy(key, str(node_path), f"this node's --node-config {key}")
+            items[key] = str(node_path)
+        elif server_path:
+            hint = f" (the server's copy; give this node its own: --node-config {key}=...)"
+            require_copy(key, str(server_path), f"the run config's {key}", hint)
     return _validated(frozenset(items.items()))
 
 
-def require_dataset(path: str, named: str, hint: str = "") -> None:
+def require_copy(key: str, path: str, named: str, hint: str = "") -> None:
     """A short ConfigError (it travels in the query's error reply, which the server
-    shortens) when ``path`` is not a dataset folder on this node."""
+    shortens) when ``path`` is not on this node: a dataset folder, or a model file."""
+    where = Path(path).expanduser().resolve()
+    if key == INIT_MODEL:
+        if not where.is_file():
+            raise ConfigError(f"{named}={path!r}: no such file ({where}){hint}")
+        return
     try:
         check_dataset_path(path)
     except ConfigError:
-        where = Path(path).expanduser().resolve()
         raise ConfigError(f"{named}={path!r}: no train.parquet in {where}{hint}") from None
 
 

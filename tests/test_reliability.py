@@ -1400,3 +1400,35 @@ def test_a_seal_written_before_a_field_was_added_still_holds() -> None:
     later = [{**rounds[0], "global_model_kept": True}]  # a field the seal did not hash
     assert sealed_rounds_match(later, named)
     assert not sealed_rounds_match([{**rounds[0], "global_accuracy": 0.7}], named)
+
+
+def test_a_device_reads_its_own_copy_of_the_init_model(
+    base: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As with the dataset: the run config's `init-model` is a file on the server's
+    machine, and every ClientApp validated it, so a device without that path could not
+    answer discovery. A node names its own copy (`--node-config init-model=...`); one
+    with neither is named at discovery."""
+    from fedreg_app.data import DatasetInfo
+    from fedreg_app.models import BASE, HEAD_G, build_model
+    from fedreg_app.persist import save_arrays
+
+    monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 3.0)
+    trained = build_model(DatasetInfo(num_classes=10, channels=1, height=28, width=28), 2, 42)
+    server_file, device_file = tmp_path / "server.npz", tmp_path / "device.npz"
+    for path in (server_file, device_file):
+        save_arrays(path, trained.group_state(BASE, HEAD_G))
+    config = {**base, "num-server-rounds": 2, "init-model": str(server_file),
+              "state-dir": str(tmp_path / "s1")}  # fmt: skip
+    _, stopped = run_server(config, node_config={"init-model": str(device_file)},
+                            hidden_from_nodes=server_file)  # fmt: skip
+    assert stopped is None
+    one_copy = {**config, "results-dir": str(tmp_path / "one"), "state-dir": str(tmp_path / "s2")}
+    run_server(one_copy)
+    assert per_round(results(tmp_path / "results")) == per_round(results(tmp_path / "one"))
+    alone = {**config, "results-dir": str(tmp_path / "alone"), "state-dir": str(tmp_path / "s3")}
+    _, stopped = run_server(alone, node_configs={3: {"init-model": ""}},
+                            node_config={"init-model": str(device_file)},
+                            hidden_from_nodes=server_file)  # fmt: skip
+    assert isinstance(stopped, TimeoutError)
+    assert "node 1003: " in str(stopped) and "the run config's init-model=" in str(stopped)
