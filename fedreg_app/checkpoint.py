@@ -393,7 +393,7 @@ def read_seal(run_folder: Path) -> Seal | None:
     try:
         state = _read_state(state_path)
         return Seal(_field(state, "round", int, state_path), _results_field(state, state_path),
-                    as_ran(_field(state, "run_config", dict, state_path)))  # fmt: skip
+                    _field(state, "run_config", dict, state_path))  # fmt: skip
     except ConfigError:
         return None
 

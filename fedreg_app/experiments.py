@@ -981,12 +981,8 @@ def never_resumed(run_folder: Path) -> bool:
     if foreign is not None:
         return False
     status = run_status(read_document(run_folder / "results.json"))
-    stopped_by_us = status == FAILED and marker.get("stopped")
-    return (
-        bool(marker.get("abandoned"))
-        or status in FINISHED
-        or (status == FAILED and not stopped_by_us)
-    )
+    failed_itself = status == FAILED and not marker.get("stopped")
+    return bool(marker.get("abandoned")) or status in FINISHED or failed_itself
 
 
 def run_all(

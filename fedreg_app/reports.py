@@ -60,7 +60,7 @@ import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from clients.rebalance import class_threshold  # noqa: E402
-from fedreg_app.checkpoint import read_seal  # noqa: E402
+from fedreg_app.checkpoint import RESUMABLE_CHANGES, read_seal  # noqa: E402
 from fedreg_app.config import (  # noqa: E402
     EARLIER_MEANING,
     PLACE_KEYS,
@@ -427,8 +427,7 @@ def seal_problem(run_folder: Path, document: dict[str, Any]) -> str | None:
             return problem
     # a resume that extends a run (num-server-rounds, eval-every) writes its config into
     # results.json at once and into the checkpoint only with its first round
-    resumable = ("num-server-rounds", "eval-every")
-    changed = setting_differences(document["config"], seal.run_config, ignore=resumable)
+    changed = setting_differences(document["config"], seal.run_config, RESUMABLE_CHANGES)
     if changed:
         return f"its config is not its checkpoint's ({'; '.join(changed[:3])}): edited?"
     return None

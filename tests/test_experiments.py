@@ -48,7 +48,7 @@ from fedreg_app.experiments import (
     write_marker,
     write_run_config,
 )
-from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree
+from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree, processes_naming
 from fedreg_app.metrics import BEST_OF, ResultsWriter, RoundRecord, rounds_sha256
 from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
 from fedreg_app.protocol import is_valid_state_key
@@ -1293,18 +1293,6 @@ def assert_equal_runs(folder: Path, reference: Path) -> None:
     assert all(np.array_equal(final.model[k], reference_model.model[k]) for k in final.model)
 
 
-def processes_using(path: Path) -> list[int]:
-    """PIDs whose command line names ``path`` (the runner's SuperLink names its home)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and str(path) in (entry / "cmdline").read_text():
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(grey_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The reference: the same grid run without interruption."""
@@ -1374,7 +1362,7 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
             kill_tree(runner)  # only if the test failed: the runner and what it started
     printed = (tmp_path / "first.log").read_text()
     assert "stopped by SIGTERM" in printed and "Continue with the same command" in printed
-    assert processes_using(out / ".flwr_home") == []  # SuperLink, simulation: all gone
+    assert processes_naming(out / ".flwr_home") == []  # SuperLink, simulation: all gone
     folder = only_run_folder(out)
     stopped_at = checkpoint_round(folder)
     assert 1 <= stopped_at < 4, printed
@@ -1411,15 +1399,15 @@ def test_a_runner_killed_alone_takes_its_superlink_and_simulation_with_it(
     with (tmp_path / "first.log").open("w") as log:
         runner = runner_at_round_1(config, out, log)
         try:
-            assert processes_using(out / ".flwr_home")  # the SuperLink and the run
+            assert processes_naming(out / ".flwr_home")  # the SuperLink and the run
             os.kill(runner.pid, signal.SIGKILL)  # the runner only: no chance to clean up
             assert runner.wait(timeout=30) == -signal.SIGKILL
             deadline = time.monotonic() + 60
-            while processes_using(out / ".flwr_home") and time.monotonic() < deadline:
+            while processes_naming(out / ".flwr_home") and time.monotonic() < deadline:
                 time.sleep(0.5)
-            assert processes_using(out / ".flwr_home") == []  # stopped, not left running
+            assert processes_naming(out / ".flwr_home") == []  # stopped, not left running
         finally:
-            for pid in processes_using(out / ".flwr_home"):  # only if the test failed
+            for pid in processes_naming(out / ".flwr_home"):  # only if the test failed
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     folder = only_run_folder(out)
@@ -1485,7 +1473,7 @@ def test_a_runner_sigkilled_after_the_last_checkpoint_completes_the_run_without_
         finally:
             kill_tree(runner)
     assert runner.returncode == -signal.SIGKILL
-    assert processes_using(out / ".flwr_home") == []  # nothing of the first attempt lives
+    assert processes_naming(out / ".flwr_home") == []  # nothing of the first attempt lives
     folder = only_run_folder(out)
     first = json.loads((folder / "results.json").read_text())
     assert first["run"]["status"] == "running" and checkpoint_round(folder) == 4
