@@ -74,7 +74,8 @@ def bare_steps(
         optimizer = torch.optim.SGD(params, lr=config.lr, momentum=config.momentum)
         for _ in range(config.local_epochs):
             order = torch.randperm(len(y), generator=generator)
-            for start in range(0, len(y), config.batch_size):
+            stop = len(y) - len(y) % config.batch_size if config.drop_last else len(y)
+            for start in range(0, stop, config.batch_size):
                 idx = order[start : start + config.batch_size]
                 optimizer.zero_grad(set_to_none=True)
                 F.cross_entropy(forward(x[idx]), y[idx]).backward()

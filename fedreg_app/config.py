@@ -120,6 +120,10 @@ class RunConfig:
     batch_size: int = 20
     lr: float = 0.01
     momentum: float = 0.9
+    #: Leave out each epoch's last batch when it is smaller than ``batch-size``, as
+    #: PFLlib's training loader does (``DataLoader(..., drop_last=True)``, the code the
+    #: thesis ran); a client with fewer samples than a batch then trains nothing.
+    drop_last: bool = True
     #: "persistent": a client's optimizers (their momentum buffers) are made once and kept
     #: with its private state from round to round, one per step of an algorithm (thesis
     #: §3.3.2 and §4.3: FedReG's opt_1 and opt_2 made once per client; PFLlib keeps each
@@ -372,13 +376,15 @@ def is_whole(value: Any) -> bool:
 
 
 #: Keys added after runs were recorded, whose default is not what those runs did: the
-#: value with which a recorded config that lacks the key ran (before session 31 every
-#: Dirichlet partition was drawn without self-balancing; before issue 14, optimizers were
-#: made afresh, FedReG ran its steps in sequence, Ditto's personal model started from
-#: the global one and FedBABU fine-tuned before every evaluation). Read every recorded
+#: value with which a recorded config that lacks the key ran (before session 32 every
+#: epoch trained its last partial batch; before session 31 every Dirichlet partition was
+#: drawn without self-balancing; before issue 14, optimizers were made afresh, FedReG
+#: ran its steps in sequence, Ditto's personal model started from the global one and
+#: FedBABU fine-tuned before every evaluation). Read every recorded
 #: config through :func:`as_ran`, or an old record passes for today's default setting.
 EARLIER_MEANING: dict[str, Any] = {
     "dirichlet-balance": False,
+    "drop-last": False,
     "optimizer-state": "fresh",
     "fedreg-schedule": "sequential",
     "ditto-personal-init": "global",

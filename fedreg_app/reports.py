@@ -611,7 +611,7 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
 SHARED_KEYS = (
     "dataset", "partition", "dirichlet-balance", "alpha", "shard-classes", "participation-gamma",
     "data-fraction", "min-partition-size", "fraction-train", "num-server-rounds", "local-epochs",
-    "batch-size", "lr", "momentum", "model", "augment", "eval-every", "init-model",
+    "batch-size", "drop-last", "lr", "momentum", "model", "augment", "eval-every", "init-model",
 )  # fmt: skip
 
 

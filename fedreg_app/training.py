@@ -93,12 +93,18 @@ def use_deterministic_cuda() -> None:
 
 
 def batches(
-    data: TensorData, batch_size: int, generator: torch.Generator | None, device: torch.device
+    data: TensorData,
+    batch_size: int,
+    generator: torch.Generator | None,
+    device: torch.device,
+    drop_last: bool = False,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Normalised mini-batches; shuffled when a generator is given."""
+    """Normalised mini-batches; shuffled when a generator is given. ``drop_last`` leaves
+    out a last batch smaller than ``batch_size`` (the shuffle is drawn the same)."""
     n = len(data)
     order = torch.randperm(n, generator=generator) if generator is not None else None
-    for start in range(0, n, batch_size):
+    stop = n - n % batch_size if drop_last else n
+    for start in range(0, stop, batch_size):
         idx = (
             order[start : start + batch_size]
             if order is not None
@@ -206,12 +212,14 @@ def train_epochs(
     generator: torch.Generator,
     device: torch.device,
     optimizer: MomentumSGD | None = None,
+    drop_last: bool = False,
 ) -> int:
     """Train ``trainable`` for ``epochs`` passes over ``data``; returns samples processed.
 
     ``loss_fn(x, y)`` runs the forward pass the algorithm needs (and any regulariser).
     ``optimizer`` over exactly ``trainable`` continues its momentum (a client's optimizer
     kept across rounds); without one a fresh optimizer is made for this call.
+    ``drop_last`` leaves out each epoch's last partial batch (the run's ``drop-last``).
     """
     if not trainable or len(data) == 0 or epochs == 0:
         return 0
@@ -221,7 +229,7 @@ def train_epochs(
     processed = 0
     with only_trainable(model, trainable):
         for _ in range(epochs):
-            for x, y in batches(data, batch_size, generator, device):
+            for x, y in batches(data, batch_size, generator, device, drop_last):
                 optimizer.zero_grad()
                 loss_fn(x, y).backward()
                 optimizer.step()

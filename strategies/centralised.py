@@ -106,6 +106,7 @@ class CentralisedStrategy(PersonalizedStrategy):
             generator=torch_generator(self.config.seed, "central-shuffle", server_round),
             device=self.device,
             optimizer=optimizer,
+            drop_last=self.config.drop_last,
         )
         if self.config.keeps_optimizers:
             self.momentum = {

@@ -76,7 +76,8 @@ def test_fedreg_steps_move_only_their_parameters() -> None:
 
 
 def test_fedreg_reports_sizes_and_effective_samples() -> None:
-    result = FedReGClient(make_setup()).train(global_arrays(), server_round=1)
+    # drop-last off: every sample of both passes counts, so the rebalanced size shows
+    result = FedReGClient(make_setup(**{"drop-last": False})).train(global_arrays(), 1)
     # counts (40, 3, 0, 9): t = round(52/3) = 17; e = 17 + 3 + 9 = 29; rebalanced = 3 * 17
     assert result.metrics[NUM_EXAMPLES] == 52
     assert result.metrics[EFFECTIVE_EXAMPLES] == 29
@@ -127,7 +128,7 @@ def test_fedavg_trains_and_sends_the_whole_model() -> None:
     result = FedAvgClient(make_setup(algo="fedavg")).train(global_arrays(), 1)
     assert result.arrays.keys() == global_arrays().keys()
     assert not same(result.arrays, global_arrays())
-    assert result.metrics[NUM_PROCESSED] == 52
+    assert result.metrics[NUM_PROCESSED] == 48  # 52 samples: whole batches of 8 (drop-last)
 
 
 def test_same_seed_same_client_update() -> None:
@@ -188,7 +189,7 @@ def test_persistent_optimizer_continues_momentum_as_one_optimizer_kept_across_ro
                      setup.data.train, epochs=1, batch_size=8, lr=setup.config.lr,
                      momentum=setup.config.momentum, device=torch.device("cpu"),
                      generator=torch_generator(0, "shuffle", 7, server_round, 0),
-                     optimizer=optimizer)  # fmt: skip
+                     optimizer=optimizer, drop_last=setup.config.drop_last)  # fmt: skip
         assert same(model.group_state(BASE, HEAD_G), ours)
 
 

@@ -256,7 +256,13 @@ def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
     `dirichlet-balance = false` (a key that cannot change it), so its resume was refused
     and its finished run taken for another setting; a FedAvg record got FedBABU's
     `finetune-when`. The algorithm keys apply to the algorithms that declare them."""
-    from fedreg_app.config import EARLIER_MEANING, MEANING_APPLIES, as_ran, setting_differences
+    from fedreg_app.config import (
+        EARLIER_MEANING,
+        MEANING_APPLIES,
+        RunConfig,
+        as_ran,
+        setting_differences,
+    )
 
     for key in EARLIER_MEANING.keys() & MEANING_APPLIES.keys() - {"dirichlet-balance"}:
         declaring = {name for name, a in ALGORITHMS.items() if key in a.options.declared()}
@@ -267,3 +273,5 @@ def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
     assert setting_differences(today, shard) == []
     assert as_ran({"algo": "fedbabu"})["finetune-when"] == "every-eval"
     assert as_ran({"algo": "fedavg"})["dirichlet-balance"] is False  # dirichlet by default
+    assert as_ran(shard)["drop-last"] is False  # every algorithm, every partition
+    assert RunConfig().drop_last is True

@@ -147,11 +147,11 @@ def record_orders(monkeypatch) -> list[tuple[int, torch.Tensor]]:
     orders: list[tuple[int, torch.Tensor]] = []
     original = training.batches
 
-    def batches(data, batch_size, generator, device):
+    def batches(data, batch_size, generator, device, drop_last=False):
         if generator is not None:
             copy = torch.Generator().set_state(generator.get_state())
             orders.append((len(data), torch.randperm(len(data), generator=copy)))
-        return original(data, batch_size, generator, device)
+        return original(data, batch_size, generator, device, drop_last)
 
     monkeypatch.setattr(training, "batches", batches)
     return orders
@@ -344,7 +344,8 @@ def test_a_client_computes_the_global_threshold_from_the_partitioning(
     result = client.train(build_model(info, 2, 0).group_state(BASE, HEAD_G), 1)
     assert result.metrics[EFFECTIVE_EXAMPLES] == int(torch.clamp(counts, max=t).sum())
     assert client.rebalanced().threshold == t and len(client.rebalanced().data) == classes * t
-    assert result.metrics[NUM_PROCESSED] == len(data.train) + classes * t
+    whole = [n - n % config.batch_size for n in (len(data.train), classes * t)]  # drop-last
+    assert result.metrics[NUM_PROCESSED] == sum(whole)
     # The sizes are kept in the node's cache folder: a later process reads them there.
     assert json.loads((tmp_path / "train-sizes.json").read_text()) == sizes
 

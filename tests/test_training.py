@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 
 from fedreg_app.config import ConfigError
-from fedreg_app.data import TEXT, DatasetInfo, TensorData
+from fedreg_app.data import TEXT, DatasetInfo, TensorData, normalise
 from fedreg_app.models import BASE, HEAD_P, build_model
 from fedreg_app.training import (
     EVAL_BATCH_ENV,
@@ -24,6 +24,7 @@ from fedreg_app.training import (
     count_correct_each,
     eval_batch_size,
     eval_batches,
+    train_epochs,
 )
 
 CPU = torch.device("cpu")
@@ -211,3 +212,67 @@ def test_a_cuda_device_switches_to_deterministic_kernels_and_the_cpu_keeps_its_o
                     "cudnn_benchmark": False, "fill": False, "cublas": ":4096:8"}  # fmt: skip
     kept = device_flags_after('select_device("cuda")', {"CUBLAS_WORKSPACE_CONFIG": ":16:8"})
     assert kept["cublas"] == ":16:8" and kept["deterministic"]
+
+
+def trained_by_us(data: TensorData, drop_last: bool, epochs: int = 2) -> tuple[dict, int]:
+    model = build_model(DatasetInfo(10, 1, 28, 28), 1, seed=3)
+    processed = train_epochs(
+        model, list(model.parameters()), lambda x, y: F.cross_entropy(model(x), y), data,
+        epochs=epochs, batch_size=10, lr=0.05, momentum=0.9,
+        generator=torch.Generator().manual_seed(5), device=CPU, drop_last=drop_last,
+    )  # fmt: skip
+    return model.state_dict(), processed
+
+
+def trained_by_a_torch_loader(data: TensorData, drop_last: bool, epochs: int = 2) -> dict:
+    """PFLlib's loop: ``DataLoader(..., drop_last)`` and ``torch.optim.SGD``, its sampler
+    drawing one ``randperm`` an epoch from our seeded generator (``RandomSampler`` draws
+    a second, empty one after each epoch), so both take the same orders."""
+    model = build_model(DatasetInfo(10, 1, 28, 28), 1, seed=3)
+    dataset = torch.utils.data.TensorDataset(normalise(data.x), data.y)
+    generator = torch.Generator().manual_seed(5)
+
+    class Shuffled(torch.utils.data.Sampler):
+        def __len__(self) -> int:
+            return len(dataset)
+
+        def __iter__(self):
+            yield from torch.randperm(len(dataset), generator=generator).tolist()
+
+    sampler = Shuffled()
+    loader = torch.utils.data.DataLoader(dataset, 10, sampler=sampler, drop_last=drop_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model.train()
+    for _ in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    return model.state_dict()
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_drop_last_trains_as_a_torch_loader_does(drop_last: bool) -> None:
+    """``drop-last`` (PFLlib's training loader, session 32): each epoch leaves out the
+    last partial batch, bit for bit as ``DataLoader(drop_last=True)`` over the same
+    shuffle; ``false`` trains the short batch as the loader does without it."""
+    generator = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randint(0, 256, (47, 1, 28, 28), dtype=torch.uint8,
+                                    generator=generator),
+                      torch.randint(0, 10, (47,), generator=generator))  # fmt: skip
+    ours, processed = trained_by_us(data, drop_last)
+    theirs = trained_by_a_torch_loader(data, drop_last)
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+    assert processed == (2 * 40 if drop_last else 2 * 47)
+    other, _ = trained_by_us(data, not drop_last)
+    assert not all(torch.equal(ours[key], other[key]) for key in ours)
+
+
+def test_with_drop_last_a_client_smaller_than_a_batch_does_not_move() -> None:
+    data = TensorData(torch.zeros(7, 1, 28, 28, dtype=torch.uint8), torch.arange(7))
+    initial = build_model(DatasetInfo(10, 1, 28, 28), 1, seed=3).state_dict()
+    trained, processed = trained_by_us(data, drop_last=True)
+    assert processed == 0
+    assert all(torch.equal(trained[key], initial[key]) for key in initial)
+    moved, _ = trained_by_us(data, drop_last=False)
+    assert not all(torch.equal(moved[key], initial[key]) for key in initial)
