@@ -340,7 +340,9 @@ class LocalSuperLink:
         extra_env: dict[str, str] | None = None,
         resources: ClientResources = ONE_CPU,
     ) -> None:
-        self.home = home
+        # absolute: ``flwr run`` is given the staged app's path and runs inside it, so a
+        # relative one (a runner's ``--out experiments/x``) would name a folder below it
+        self.home = home.resolve()
         self.resources = resources
         self.source = app  # ``flwr run`` gets a staged copy of it (see :func:`stage_app`)
         self.app = app

@@ -653,12 +653,15 @@ seeds = {seeds}
 
 @pytest.mark.e2e
 def test_runner_runs_a_grid_summarises_it_and_skips_it_once_finished(
-    grey_dataset: Path, tmp_path: Path, capsys
+    grey_dataset: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
     """The resume of interrupted runs is tested below, with real stops; here a finished
-    grid run again trains nothing."""
+    grid run again trains nothing. ``--out`` is relative, as the README's commands give it
+    (session 32: ``--out experiments/x`` failed every run, ``flwr run`` given the staged
+    app's path relative to the folder it ran in)."""
     config = tiny_config(tmp_path, grey_dataset, algo="fedavg", rounds=2, seeds=2)
-    out = tmp_path / "out"
+    monkeypatch.chdir(tmp_path)
+    out = Path("experiments") / "out"
     assert main([str(config), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "0 of 2 runs already finished; 2 to run" in printed
