@@ -84,11 +84,11 @@ app = ClientApp()
 
 @dataclass(frozen=True)
 class NodeSettings:
-    """What a node says about itself through ``--node-config`` (or the simulation)."""
+    """What a node says about itself through ``--node-config`` (or the simulation); its
+    own copies of the server's files (:data:`NODE_COPIES`) enter the run config instead."""
 
     partition_id: int
     num_partitions: int
-    dataset_path: str = ""  # the device's own copy; overrides the run config's
     state_dir: str = ""  # where private state and decoded data survive restarts
     num_threads: int = 0  # torch threads per ClientApp process (0: torch's default)
 
@@ -109,7 +109,6 @@ class NodeSettings:
         return cls(
             partition_id,
             num_partitions,
-            str(node.get(DATASET_PATH, "")),
             str(node.get(STATE_DIR, "")),
             int(node.get(NUM_THREADS, 0)),
         )

@@ -345,7 +345,25 @@ def plan(
             experiment = Experiment(**{**experiment.__dict__, "algos": algos})
         for seed, cell in itertools.product(range(seeds or experiment.seeds), experiment.cells()):
             specs.append(run_spec(experiment, cell, seed, out, declared, overrides))
-    return specs
+    return one_run_a_folder(specs)
+
+
+def one_run_a_folder(specs: list[RunSpec]) -> list[RunSpec]:
+    """The runs, each folder once. Two cells can name one folder (grid values ``1`` and
+    ``"1"``, or ``a/b`` and ``a_b``; two config files with one experiment name): their
+    runs would resume and overwrite each other's records, so two settings in one folder are
+    refused; the same setting twice is one run."""
+    kept: dict[Path, RunSpec] = {}
+    for spec in specs:
+        first = kept.setdefault(spec.folder, spec)
+        if first is not spec and first.setting != spec.setting:
+            raise ConfigError(
+                f"[{EXPERIMENT_TABLE}] {spec.experiment}: the cells {first.cell} and {spec.cell} "
+                f"would both run in {spec.folder.parent.name}/{spec.folder.name} with different "
+                "settings; give values that name different folders ('/' becomes '_'), or "
+                "experiments in different files different names"
+            )
+    return list(kept.values())
 
 
 #: Keys the runner sets for each run itself, with what to use instead.

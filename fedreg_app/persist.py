@@ -34,19 +34,35 @@ T = TypeVar("T")
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write a file so that a reader sees the old version or the new one, never a mix:
     a unique temporary file in the same folder, flushed and fsynced, renamed over the
-    target, then the folder fsynced so the rename itself survives a power cut."""
+    target, then the folder fsynced so the rename itself survives a power cut. The file
+    gets the mode ``open()`` would give it (``mkstemp`` makes it readable by its owner
+    alone: records a colleague could not read)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
+            os.fchmod(handle.fileno(), 0o666 & ~file_creation_mask())
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_folder(path.parent)
+
+
+def file_creation_mask() -> int:
+    """The process's umask, read without setting it (``os.umask`` can only be read by
+    setting it, which would change it for every thread meanwhile); Linux names it in
+    ``/proc/self/status``, elsewhere the common 0o022."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def remove_leftover_temporaries(folder: Path) -> list[Path]:

@@ -173,6 +173,33 @@ def test_a_run_its_cell_folder_would_misname_is_refused_before_any_work(
     assert named in str(refused.value)
 
 
+def test_two_cells_that_would_share_a_folder_are_refused_before_any_work(
+    tmp_path: Path, capsys
+) -> None:
+    """An audit (session 31): grid values that differ but name the same folder made two
+    runs of different settings resume and overwrite each other's records there."""
+    grid = '{ dataset = ["a/b", "a_b"] }'
+    config = write(
+        tmp_path / "t.toml", f"algo = 'fedreg'\n[experiment]\nname = 'm'\ngrid = {grid}\n"
+    )
+    with pytest.raises(SystemExit) as exited:
+        main([str(config), "--out", str(tmp_path / "out")])
+    assert exited.value.code == 2
+    assert "would both run in fedreg__dataset-a_b/seed0" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_same_cell_twice_is_one_run(tmp_path: Path) -> None:
+    config = write(tmp_path / "t.toml", "[experiment]\nname = 'm'\nalgos = ['fedavg', 'fedavg']\n")
+    specs = plan([Experiment.load(config, DECLARED)], tmp_path, DECLARED, {}, seeds=2)
+    assert [(s.cell["algo"], s.seed) for s in specs] == [("fedavg", 0), ("fedavg", 1)]
+    twice = plan([Experiment.load(config, DECLARED)] * 2, tmp_path, DECLARED, {}, seeds=1)
+    assert len(twice) == 1
+    # grid values 1 and "1" name one folder, and validate to one setting: one run
+    same = write(tmp_path / "s.toml", '[experiment]\nname = "m"\ngrid = { threshold = ["1", 1] }\n')
+    assert len(plan([Experiment.load(same, DECLARED)], tmp_path, DECLARED, {}, seeds=1)) == 1
+
+
 def test_the_runners_own_cell_folders_hold_records_it_reads_as_theirs(
     tmp_path: Path, grey_dataset: Path
 ) -> None:

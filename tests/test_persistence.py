@@ -279,7 +279,7 @@ def test_node_settings_from_the_node_config() -> None:
     node = {"partition-id": 2, "num-partitions": 30, "state-dir": "/state/n2", "num-threads": 1}
     settings = NodeSettings.from_context(Context(1, 1, node, RecordDict(), {}))
     assert (settings.partition_id, settings.num_partitions) == (2, 30)
-    assert (settings.state_dir, settings.num_threads, settings.dataset_path) == ("/state/n2", 1, "")
+    assert (settings.state_dir, settings.num_threads) == ("/state/n2", 1)
     with pytest.raises(ConfigError, match="partition-id=30 is not allowed"):
         NodeSettings.from_context(Context(1, 1, {**node, "partition-id": 30}, RecordDict(), {}))
     with pytest.raises(ConfigError, match="node config lacks 'num-partitions'"):

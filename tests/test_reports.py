@@ -88,7 +88,8 @@ def fake_run(
                    "num-server-rounds": len(rounds) if status in ("completed", "degraded")
                    else 5, "alpha": 0.1, "fraction-train": 0.25,
                    "local-epochs": 1, "batch-size": 10, "seed": seed,
-                   "dirichlet-balance": True, "optimizer-state": "persistent",  # as of today
+                   # as of today
+                   "dirichlet-balance": True, "drop-last": True, "optimizer-state": "persistent",
                    **(config or {})},
         "run": {"status": status, "num_clients": clients, **({"error": error} if error else {})},
         "rounds": rounds,
