@@ -12,7 +12,12 @@ on one machine, one after the other::
     python benchmarks/gpu_processes.py --procs 1 --steps 600
     python benchmarks/gpu_processes.py --procs 10 --steps 600
 
-Ends with ``gpu_processes: procs=... steps_per_s=... per_process=...``.
+``--graphs`` replays each step as one captured CUDA graph (the batch copied into static
+inputs; every batch is full with ``drop-last``), to see how much of a step is the launch
+of its few dozen small kernels rather than their work (not yet run on a GPU: session 32
+had spent its time when it was written).
+
+Ends with ``gpu_processes: procs=... graphs=... steps_per_s=... per_process=...``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F  # noqa: N812
@@ -29,7 +35,45 @@ from fedreg_app.models import build_model
 from fedreg_app.training import MomentumSGD, use_deterministic_cuda
 
 
-def train(steps: int, batch: int, start: mp.Barrier, seconds: mp.Queue) -> None:
+def eager_step(model: torch.nn.Module, optimizer: MomentumSGD) -> Callable:
+    """The step as the project's training loop runs it."""
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(normalise(x)), y).backward()
+        optimizer.step()
+
+    return step
+
+
+def graph_step(model: torch.nn.Module, optimizer: MomentumSGD, batch: int) -> Callable:
+    """The same step captured once as a CUDA graph (after warm-up steps on a side stream,
+    so that the momentum buffers exist), replayed on each batch copied into its inputs."""
+    device = torch.device("cuda")
+    static_x = torch.zeros(batch, 1, 28, 28, dtype=torch.uint8, device=device)
+    static_y = torch.zeros(batch, dtype=torch.long, device=device)
+    eager = eager_step(model, optimizer)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            eager(static_x, static_y)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad()  # the gradients are then the graph's own tensors
+    with torch.cuda.graph(graph):
+        F.cross_entropy(model(normalise(static_x)), static_y).backward()
+        optimizer.step()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        static_x.copy_(x, non_blocking=True)
+        static_y.copy_(y, non_blocking=True)
+        graph.replay()
+
+    return step
+
+
+def train(steps: int, batch: int, graphs: bool, start: mp.Barrier, seconds: mp.Queue) -> None:
     """One process: warm up, wait for the others, then time ``steps`` steps."""
     use_deterministic_cuda()
     device = torch.device("cuda")
@@ -39,14 +83,11 @@ def train(steps: int, batch: int, start: mp.Barrier, seconds: mp.Queue) -> None:
     images = torch.randint(0, 256, (batch * 50, 1, 28, 28), dtype=torch.uint8,
                            generator=generator)  # fmt: skip
     labels = torch.randint(0, 10, (batch * 50,), generator=generator)
+    one_step = graph_step(model, optimizer, batch) if graphs else eager_step(model, optimizer)
 
     def step(index: int) -> None:
         at = (index % 50) * batch
-        x = normalise(images[at : at + batch].to(device))
-        y = labels[at : at + batch].to(device)
-        optimizer.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        optimizer.step()
+        one_step(images[at : at + batch].to(device), labels[at : at + batch].to(device))
 
     for index in range(20):
         step(index)
@@ -64,11 +105,12 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=10)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch", type=int, default=10)
+    parser.add_argument("--graphs", action="store_true", help="replay each step as a CUDA graph")
     args = parser.parse_args()
     context = mp.get_context("spawn")
     start, seconds = context.Barrier(args.procs), context.Queue()
-    workers = [context.Process(target=train, args=(args.steps, args.batch, start, seconds))
-               for _ in range(args.procs)]  # fmt: skip
+    work = (args.steps, args.batch, args.graphs, start, seconds)
+    workers = [context.Process(target=train, args=work) for _ in range(args.procs)]
     for worker in workers:
         worker.start()
     times = [seconds.get(timeout=600) for _ in workers]
@@ -78,7 +120,8 @@ def main() -> None:
     total_rate = args.procs * args.steps / slowest
     print(f"{args.procs} processes x {args.steps} steps at batch {args.batch}: "
           f"slowest {slowest:.2f} s, fastest {min(times):.2f} s")  # fmt: skip
-    print(f"gpu_processes: procs={args.procs} steps={args.steps} batch={args.batch} "
+    print(f"gpu_processes: procs={args.procs} graphs={int(args.graphs)} steps={args.steps} "
+          f"batch={args.batch} "
           f"steps_per_s={total_rate:.0f} per_process={total_rate / args.procs:.0f} "
           f"device={torch.cuda.get_device_name()!r}")  # fmt: skip
 

@@ -244,6 +244,7 @@ class RunSpec:
     setting: dict[str, Any] = field(default_factory=dict, repr=False)
     result: dict[str, Any] | None = field(default=None, repr=False)
     problem: str | None = field(default=None, repr=False)  # why it was not run
+    damaged: bool = field(default=False, repr=False)  # not run, the folder untrusted
 
     def _documents(self) -> list[tuple[Path, dict[str, Any]]]:
         """Every run's results in this folder, oldest first (by ``run.started``, as the
@@ -1037,7 +1038,7 @@ def run_all(
     first = len(specs) - len(pending) + 1
     if all(attempts[id(spec)].refused(limits.restart_damaged) for spec in pending):
         for spec in pending:  # named as below, with no SuperLink started for nothing
-            session.refuse(spec, attempts[id(spec)].problem or "")
+            session.refuse(spec, attempts[id(spec)].problem or "", attempts[id(spec)].damaged)
         return pending
     try:
         with LocalSuperLink(home, resources=resources) as superlink:
@@ -1101,7 +1102,7 @@ class Session:
             raise Stop("stopped by --max-minutes", EXIT_TIME_UP)
         attempt = decide(spec, self.declared, self.limits.restart_damaged)
         if attempt.problem:
-            self.refuse(spec, attempt.problem)
+            self.refuse(spec, attempt.problem, attempt.damaged)
             return
         if attempt.note:
             print(f"{spec.describe()}: {attempt.note}", flush=True)
@@ -1152,9 +1153,10 @@ class Session:
             shutil.rmtree(spec.state_dir, ignore_errors=True)  # only a resume would need it
         print(f"done: {done_line(spec)}", flush=True)
 
-    def refuse(self, spec: RunSpec, problem: str) -> None:
-        """Name a run that cannot go on, and why; it stays unfinished."""
-        spec.problem = problem
+    def refuse(self, spec: RunSpec, problem: str, damaged: bool = False) -> None:
+        """Name a run that cannot go on, and why; it stays unfinished. ``damaged``: its
+        folder cannot be trusted, which a plain rerun does not change."""
+        spec.problem, spec.damaged = problem, damaged
         print(f"not run: {spec.describe()}: {problem}", file=sys.stderr, flush=True)
         self.progress.close(spec, 0)
 
@@ -1208,10 +1210,21 @@ def _fraction(value: float | None) -> str:
 
 
 def failure_report(specs: list[RunSpec]) -> str:
-    """Each run without a finished results.json: its name, folder and error."""
-    failed = [s for s in specs if s.result is None]
-    lines = [f"{len(failed)} of {len(specs)} runs failed (run again to retry them):"]
-    lines += [f"  {s.describe()}: {s.failure()}" for s in failed]
+    """Each run without a finished results.json: its name, folder and error, the runs a
+    rerun retries apart from those it leaves alone (a folder that cannot be trusted)."""
+    unfinished = [s for s in specs if s.result is None]
+    retried = [s for s in unfinished if not s.damaged]
+    damaged = [s for s in unfinished if s.damaged]
+    lines = []
+    if retried:
+        lines.append(f"{len(retried)} of {len(specs)} runs failed or were not run (run again "
+                     "to retry them, once what is named is mended):")  # fmt: skip
+        lines += [f"  {s.describe()}: {s.failure()}" for s in retried]
+    if damaged:
+        lines.append(f"{len(damaged)} of {len(specs)} runs left alone, their folders not to be "
+                     "trusted (a rerun leaves them alone too; --restart-damaged starts each anew "
+                     "in a fresh folder):")  # fmt: skip
+        lines += [f"  {s.describe()}: {s.failure()}" for s in damaged]
     return "\n".join(lines)
 
 
