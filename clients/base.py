@@ -215,7 +215,6 @@ class ClientProcedure:
         Each stream is one optimizer of the algorithm (FedReG's opt_1 and opt_2, FedRep's
         head and base optimizers); with ``optimizer-state = persistent`` its momentum
         continues from the client's previous rounds (see :meth:`kept_optimizer`)."""
-        self.trained_numel.update((id(p), p.numel()) for p in trainable)
         model = self.model if model is None else model
         optimizer = self.kept_optimizer(server_round, stream, model, trainable)
         processed = train_epochs(
@@ -238,6 +237,8 @@ class ClientProcedure:
         )
         if self.keep_optimizers:
             self.keep_optimizer(stream, model, optimizer)
+        if processed:  # none under drop-last where the data are fewer than a batch
+            self.trained_numel.update((id(p), p.numel()) for p in trainable)
         return processed
 
     def kept_optimizer(

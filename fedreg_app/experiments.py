@@ -357,7 +357,7 @@ def one_run_a_folder(specs: list[RunSpec]) -> list[RunSpec]:
     kept: dict[Path, RunSpec] = {}
     for spec in specs:
         first = kept.setdefault(spec.folder, spec)
-        if first is not spec and first.setting != spec.setting:
+        if first is not spec and (first.setting, first.clients) != (spec.setting, spec.clients):
             raise ConfigError(
                 f"[{EXPERIMENT_TABLE}] {spec.experiment}: the cells {first.cell} and {spec.cell} "
                 f"would both run in {spec.folder.parent.name}/{spec.folder.name} with different "
@@ -1221,9 +1221,9 @@ def failure_report(specs: list[RunSpec]) -> str:
                      "to retry them, once what is named is mended):")  # fmt: skip
         lines += [f"  {s.describe()}: {s.failure()}" for s in retried]
     if damaged:
-        lines.append(f"{len(damaged)} of {len(specs)} runs left alone, their folders not to be "
-                     "trusted (a rerun leaves them alone too; --restart-damaged starts each anew "
-                     "in a fresh folder):")  # fmt: skip
+        lines.append(f"{len(damaged)} of {len(specs)} runs left alone as they stand (a rerun "
+                     "leaves them alone too; --restart-damaged starts each anew in a fresh "
+                     "folder):")  # fmt: skip
         lines += [f"  {s.describe()}: {s.failure()}" for s in damaged]
     return "\n".join(lines)
 

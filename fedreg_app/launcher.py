@@ -353,7 +353,7 @@ class LocalSuperLink:
             **QUIET_OFFLINE_ENV,
             **(extra_env or {}),
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-            "FLWR_HOME": str(home),
+            "FLWR_HOME": str(self.home),
             # `flwr run` finds its ":local:" SuperLink on these ports: ours.
             "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(self.http_port),
             "FLWR_LOCAL_CONTROL_API_PORT": str(self.control_port),

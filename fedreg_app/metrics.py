@@ -525,13 +525,13 @@ class ResultsWriter:
             **self.summary(),
         }
         self._written = json_text(document)  # what the file now holds, for seal()
-        write_text_atomic(self.json_path, self._written)
+        write_text_atomic(self.json_path, self._written, shared=True)
         buffer = io.StringIO()
         writer = csv.writer(buffer)
         writer.writerow(CSV_COLUMNS)
         for r in self.rounds:
             writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in CSV_COLUMNS])
-        write_text_atomic(self.folder / "rounds.csv", buffer.getvalue())
+        write_text_atomic(self.folder / "rounds.csv", buffer.getvalue(), shared=True)
 
 
 #: Fields RoundRecord gained after checkpoints began to seal results.json (session 30)
@@ -637,7 +637,7 @@ def mark_stopped(folder: Path, reason: str, checkpoint_round: int) -> bool:
     run.pop("finished", None)
     run.pop("error", None)
     run.update(status=STOPPED, stopped=stopped)
-    write_text_atomic(path, json_text(document))
+    write_text_atomic(path, json_text(document), shared=True)
     return True
 
 

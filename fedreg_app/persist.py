@@ -8,6 +8,7 @@ aside rather than trusted.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -31,19 +32,23 @@ READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZi
 T = TypeVar("T")
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object], shared: bool = False) -> None:
     """Write a file so that a reader sees the old version or the new one, never a mix:
     a unique temporary file in the same folder, flushed and fsynced, renamed over the
-    target, then the folder fsynced so the rename itself survives a power cut. The file
-    gets the mode ``open()`` would give it (``mkstemp`` makes it readable by its owner
-    alone: records a colleague could not read)."""
+    target, then the folder fsynced so the rename itself survives a power cut.
+
+    The file is its owner's alone (``mkstemp``'s 0600: clients' private state, decoded
+    data, checkpoints); ``shared`` gives it the mode ``open()`` would (the umask's), for
+    the records a colleague reads. A file system that keeps no modes keeps its own."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
-            os.fchmod(handle.fileno(), 0o666 & ~file_creation_mask())
+            if shared:
+                with contextlib.suppress(OSError):  # vfat, some network mounts
+                    os.fchmod(handle.fileno(), 0o666 & ~file_creation_mask())
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -92,8 +97,8 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda handle: handle.write(text.encode()))
+def write_text_atomic(path: Path, text: str, shared: bool = False) -> None:
+    write_atomic(path, lambda handle: handle.write(text.encode()), shared)
 
 
 def save_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:

@@ -510,19 +510,25 @@ def test_a_rebalanced_set_built_for_other_data_or_parameters_is_not_used(tmp_pat
     assert len(list(folder.glob("rebalanced-0.npz.corrupt-*"))) == 3
 
 
-def test_records_get_the_mode_open_would_give_them(tmp_path: Path) -> None:
+def test_records_get_the_mode_open_would_give_them_and_private_state_stays_private(
+    tmp_path: Path,
+) -> None:
     """A walk-through (session 31): every record was written readable by its owner alone
-    (``mkstemp``'s 0600), so a colleague on a shared machine could not read the results."""
+    (``mkstemp``'s 0600), so a colleague on a shared machine could not read the results.
+    Records now get the umask's mode; clients' state and checkpoints stay their owner's."""
     import os
 
+    from fedreg_app.metrics import ResultsWriter
     from fedreg_app.persist import file_creation_mask
 
     previous = os.umask(0o027)
     try:
         assert file_creation_mask() == 0o027
-        save_json(tmp_path / "results.json", {"a": 1})
+        writer = ResultsWriter(tmp_path / "run", {"algo": "fedavg"}, {"num_clients": 2})
         (tmp_path / "plain.json").write_text("{}")
+        save_json(tmp_path / "state.json", {"private": 1})
     finally:
         os.umask(previous)
-    mode = (tmp_path / "results.json").stat().st_mode & 0o777
+    mode = writer.json_path.stat().st_mode & 0o777
     assert mode == 0o640 == (tmp_path / "plain.json").stat().st_mode & 0o777
+    assert (tmp_path / "state.json").stat().st_mode & 0o777 == 0o600

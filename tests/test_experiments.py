@@ -198,6 +198,12 @@ def test_the_same_cell_twice_is_one_run(tmp_path: Path) -> None:
     # grid values 1 and "1" name one folder, and validate to one setting: one run
     same = write(tmp_path / "s.toml", '[experiment]\nname = "m"\ngrid = { threshold = ["1", 1] }\n')
     assert len(plan([Experiment.load(same, DECLARED)], tmp_path, DECLARED, {}, seeds=1)) == 1
+    # the same name and setting on another number of clients is another run (a review)
+    more = write(tmp_path / "u.toml", "[experiment]\nname = 'm'\nclients = 7\nalgos = ['fedavg']\n")
+    with pytest.raises(ConfigError, match="would both run in fedavg/seed0"):
+        plan(
+            [Experiment.load(f, DECLARED) for f in (config, more)], tmp_path, DECLARED, {}, seeds=1
+        )
 
 
 def test_the_runners_own_cell_folders_hold_records_it_reads_as_theirs(
@@ -697,6 +703,7 @@ def test_runner_runs_a_grid_summarises_it_and_skips_it_once_finished(
     assert "| tiny | fedavg |" in summary and "2/2 |" in summary
     assert main([str(config), "--out", str(out)]) == 0
     assert "2 of 2 runs already finished; 0 to run" in capsys.readouterr().out
+    assert not (out / ".flwr_home" / "experiments").exists()  # Flower's home, not below it
 
 
 def test_variants_are_named_cells_with_their_own_overrides(tmp_path: Path) -> None:
@@ -1234,7 +1241,7 @@ def test_a_damaged_run_is_reported_and_the_runner_exits_non_zero(
     assert f"cannot resume {folder}: checkpoint file" in err and "state.json" in err
     # the final report does not say a rerun retries it (a walk-through, session 31): a
     # rerun leaves it alone as this one did
-    report = err[err.index("1 of 1 runs left alone") :]
+    report = err[err.index("1 of 1 runs left alone as they stand") :]
     assert "--restart-damaged starts each anew" in report and "run again" not in report
     assert f"cannot resume {folder}" in report
 
