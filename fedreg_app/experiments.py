@@ -394,7 +394,9 @@ def run_spec(
     """One run's config. Where the algorithm's clients keep state (FedReG's private head,
     Ditto's personal model, FedDyn's correction, ...), the run gets its own persistent
     ``state-dir`` in its seed folder (unless one is set), so that it can be resumed."""
-    folder = out / experiment.name / cell_id(cell) / f"seed{seed}"
+    # absolute: its paths go into run configs (resume, results-dir, state-dir) that the
+    # ServerApp reads in another working directory (a relative --out resumed nothing)
+    folder = out.absolute() / experiment.name / cell_id(cell) / f"seed{seed}"
     run_config = {
         **experiment.run_config,
         **experiment.variants.get(cell.get("variant"), {}),

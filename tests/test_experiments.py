@@ -1532,11 +1532,15 @@ def test_a_runner_sigkilled_after_the_last_checkpoint_completes_the_run_without_
 
 @pytest.mark.e2e
 def test_max_minutes_stops_at_a_round_boundary_and_the_rerun_completes_the_grid(
-    uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
+    uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
     """``--max-minutes 0``: every slice runs at least one round, so this one stops right
-    after round 1's checkpoint, with exit status 3; the rerun finishes the grid."""
-    config, out = tiny_fedreg(tmp_path, grey_dataset), tmp_path / "out"
+    after round 1's checkpoint, with exit status 3; the rerun finishes the grid. ``--out``
+    is relative (session 32: the resume's path went to the ServerApp relative, so the rerun
+    failed and the run could only start anew)."""
+    config = tiny_fedreg(tmp_path, grey_dataset)
+    monkeypatch.chdir(tmp_path)
+    out = Path("out")
     assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
     printed = capsys.readouterr()
     folder = only_run_folder(out)
