@@ -39,6 +39,7 @@ from fedreg_app.data import (
     tensors_digest,
 )
 from fedreg_app.models import SplitModel, checked_value, initial_model
+from fedreg_app.persist import file_sha256_cached
 from fedreg_app.privacy import privatise_locally
 from fedreg_app.protocol import (
     ARRAYS,
@@ -53,6 +54,7 @@ from fedreg_app.protocol import (
     HANDLER_SECONDS,
     HOST,
     HOSTNAME,
+    INIT_MODEL_DIGEST,
     METRICS,
     NUM_PARTITIONS,
     PARTITION_ID,
@@ -320,6 +322,8 @@ def reply(
     tagged = MetricRecord({**metrics, **seconds, PARTITION_ID: procedure.data.partition_id})
     where = {**where_running(), DEVICE: device_name(procedure.device)}
     held = {DIGEST: tensors_digest(procedure.data.train, procedure.data.test)}
+    if procedure.config.init_model:  # the node's own copy (run_config_of)
+        held[INIT_MODEL_DIGEST] = file_sha256_cached(Path(procedure.config.init_model).expanduser())
     content = RecordDict({**records, METRICS: tagged, HOST: ConfigRecord(where),
                           DATA: ConfigRecord(held)})  # fmt: skip
     return Message(content, reply_to=msg)

@@ -442,6 +442,14 @@ class ResultsWriter:
                 f"resume: {path}: {problem}; the checkpoint is of round {after_round}, so "
                 "rounds 1 to it are kept from this file: start the run anew"
             )
+        began_from = document["run"].get(INIT_MODEL_SHA256)
+        if began_from is not None and run.get(INIT_MODEL_SHA256) != began_from:
+            now = run.get(INIT_MODEL_SHA256)
+            raise ValueError(
+                f"resume: init-model is not the file the run began from (sha256 "
+                f"{str(now)[:12]}, the run's {str(began_from)[:12]}): clients not yet "
+                "trained would start their private parts from other weights"
+            )
         resumes = [*document["run"].get("resumed", []), {
             "run_id": run["run_id"], "after_round": after_round,
             "at": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -533,6 +541,10 @@ class ResultsWriter:
             writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in CSV_COLUMNS])
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue(), shared=True)
 
+
+#: Run info: the sha256 of the ``init-model`` file a run began from (absent without one);
+#: a resume must begin from the same weights.
+INIT_MODEL_SHA256 = "init_model_sha256"
 
 #: Fields RoundRecord gained after checkpoints began to seal results.json (session 30)
 #: but before seals named the fields they hashed: such a seal hashed all the others.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -153,6 +154,18 @@ def file_sha256(path: Path) -> str:
         while chunk := handle.read(1 << 20):
             sha.update(chunk)
     return sha.hexdigest()
+
+
+def file_sha256_cached(path: Path) -> str:
+    """:func:`file_sha256`, computed again only when the file's size or modification time
+    changed (a client names its init-model's digest in every reply)."""
+    status = path.stat()
+    return _sha256_of_version(path.resolve(), status.st_size, status.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _sha256_of_version(path: Path, size: int, mtime_ns: int) -> str:
+    return file_sha256(path)
 
 
 def load_checked_arrays(path: Path) -> dict[str, np.ndarray]:

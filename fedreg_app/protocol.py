@@ -40,6 +40,10 @@ HOST_VALUE_CHARS = 200
 #: (a node whose ``dataset-path`` holds other samples of the same sizes is told apart).
 DATA = "data"
 DIGEST = "digest"
+#: ``data``'s sha256 of the ``init-model`` file the node's model (its private parts, which
+#: never come from the server) starts from; absent without one. The server compares it
+#: with its own file's: a node's copy of other weights would personalise from them.
+INIT_MODEL_DIGEST = "init-model"
 
 # Message config, server -> client.
 SERVER_ROUND = "server-round"

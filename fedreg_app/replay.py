@@ -52,7 +52,7 @@ from fedreg_app.launcher import (
 from fedreg_app.metrics import first_line, record_problem, status_problem
 from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
-from fedreg_app.reports import placement_problem
+from fedreg_app.reports import placement_problem, read_sealed, seal_problem
 
 #: Per-round fields compared; the accuracies are fractions in [0, 1] (or None).
 ACCURACIES = (
@@ -106,7 +106,7 @@ def read_recording(path: Path) -> Recording:
     if path.is_dir():
         path = path / "results.json"
     try:
-        document = json.loads(path.read_text())
+        document, seal = read_sealed(path)
     except OSError as err:
         raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -117,8 +117,11 @@ def read_recording(path: Path) -> Recording:
     if missing:
         raise ConfigError(f"{path}: missing key(s) {', '.join(missing)} (not a run's results)")
     # whatever its status (a failed run's first rounds replay too), as a report reads it
+    # a record beside a checkpoint must be the one it sealed, as a report requires: a
+    # replay of an edited record would "confirm" figures nobody's run produced
     problem = (record_problem(document) or status_problem(document)
-               or placement_problem(path, document))  # fmt: skip
+               or placement_problem(path, document)
+               or seal_problem(seal, document))  # fmt: skip
     if problem:
         raise ConfigError(f"{path}: {problem}")
     config, run, rounds = document["config"], document["run"], document["rounds"]

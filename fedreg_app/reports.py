@@ -60,7 +60,7 @@ import torch  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
 
 from clients.rebalance import class_threshold  # noqa: E402
-from fedreg_app.checkpoint import RESUMABLE_CHANGES, read_seal  # noqa: E402
+from fedreg_app.checkpoint import RESUMABLE_CHANGES, Seal, read_seal  # noqa: E402
 from fedreg_app.config import (  # noqa: E402
     EARLIER_MEANING,
     PLACE_KEYS,
@@ -413,12 +413,12 @@ def _names_value(text: str, value: Any) -> bool:
     return False
 
 
-def seal_problem(run_folder: Path, document: dict[str, Any]) -> str | None:
-    """A record beside a checkpoint must be the one it sealed: the same run, the rounds
-    up to the checkpoint's, and the setting it was made with. A record edited by hand, its
-    figures and best values made consistent, or its config changed, was published and
-    taken as finished (an audit, session 31); the seal was checked on resume only."""
-    seal = read_seal(run_folder)
+def seal_problem(seal: Seal | None, document: dict[str, Any]) -> str | None:
+    """A record beside a checkpoint must be the one it sealed (``seal``, read before the
+    record: see :func:`read_sealed`): the same run, the rounds up to the checkpoint's, and
+    the setting it was made with. A record edited by hand, its figures and best values
+    made consistent, or its config changed, was published and taken as finished (an
+    audit, session 31); the seal was checked on resume only."""
     if seal is None:
         return None
     if seal.results is not None:
@@ -433,18 +433,28 @@ def seal_problem(run_folder: Path, document: dict[str, Any]) -> str | None:
     return None
 
 
+def read_sealed(path: Path) -> tuple[Any, Seal | None]:
+    """The results.json at ``path`` and its checkpoint's seal, the seal read first. A
+    running round writes results.json, then its checkpoint: read in that order, a round
+    committed between the two reads would show a checkpoint ahead of the record, and a
+    running run would be named invalid (session 33). Raises what reading or parsing
+    results.json raises."""
+    seal = read_seal(path.parent)
+    return json.loads(path.read_text()), seal
+
+
 def read_document(path: Path) -> dict[str, Any]:
     """A results.json, or an ``unreadable`` / ``invalid`` status that says why. A record
     that does not lie in its own seed's and cell's folder is invalid
     (:func:`placement_problem`): it would be averaged as that seed, or that cell."""
     try:
-        document = json.loads(path.read_text())
+        document, seal = read_sealed(path)
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         return {"run": {"status": UNREADABLE, "error": f"{path.name}: {err}"}}
     problem = document_problem(document)
     readable = not problem and run_status(document) in (*FINISHED, *UNFINISHED)
     if readable:
-        problem = placement_problem(path, document) or seal_problem(path.parent, document)
+        problem = placement_problem(path, document) or seal_problem(seal, document)
     if problem:
         return {"run": {"status": INVALID, "error": f"{path.name}: {problem}"}}
     config = document.get("config")  # a failed record's is not checked: maybe none
@@ -591,7 +601,9 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
     cells = list(by_key(results, lambda r: r.cell))
     groups = by_key(results, lambda r: (r.cell, r.experiment))
     p = "P" if personal == "all" else f"P {personal}"
-    header = ["cell"] + [f"{e} {m}" for e in experiments for m in ("G", p)] + ["seeds"]
+    # one count per experiment, in the columns' order, which the header names ("2/1")
+    seeds = "seeds" if len(experiments) == 1 else f"seeds ({'/'.join(experiments)})"
+    header = ["cell"] + [f"{e} {m}" for e in experiments for m in ("G", p)] + [seeds]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for cell in cells:
         row = [cell.replace(CELL_SEPARATOR, " ")]
@@ -1123,12 +1135,16 @@ def write_report(
 
 
 def describe_setting(document: dict[str, Any]) -> str:
-    """The settings that define a run, for plot titles."""
+    """The settings that define a run, for plot titles: each named by its key where a bare
+    word would leave two readings (``fraction`` was either of two fractions)."""
     config = document["config"]
     dataset = Path(str(config.get("dataset", "?"))).name
+    share = config.get("data-fraction", 1.0)
+    part = "" if share in (None, 1, 1.0) else f"data-fraction {share}, "
     return (
-        f"{dataset}, {document['run']['num_clients']} clients, alpha {config.get('alpha')}, "
-        f"fraction {config.get('fraction-train')}, E={config.get('local-epochs')}, "
+        f"{dataset}, {part}{document['run']['num_clients']} clients, alpha "
+        f"{config.get('alpha')}, {config.get('num-server-rounds')} rounds, fraction-train "
+        f"{config.get('fraction-train')}, E={config.get('local-epochs')}, "
         f"B={config.get('batch-size')}"
     )
 

@@ -44,6 +44,7 @@ from fedreg_app.data import (
 from fedreg_app.environment import describe_environment
 from fedreg_app.metrics import (
     ENDED_AFTER_ROUND,
+    INIT_MODEL_SHA256,
     ResultsWriter,
     RoundRecord,
     client_error,
@@ -53,6 +54,7 @@ from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import (
     RUN_FOLDER_LOCK,
+    file_sha256,
     hold_folder,
     release_folder,
     remove_leftover_temporaries,
@@ -866,6 +868,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     if checkpoint is not None:  # before any training (and any decoding): the same sizes
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
     digests = strategy.split_digests = split_digests(key)
+    if config.init_model:  # every node's copy must be this file (its replies name theirs)
+        strategy.init_model_digest = file_sha256(Path(config.init_model).expanduser())
     if checkpoint is not None:  # and the same samples
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes, digests)
         if not checkpoint.compares_digests:  # its first rounds' data were not digested
@@ -885,6 +889,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         "global_evaluation": strategy.global_evaluation,
         "environment": describe_environment(),  # the simulation's clients share it
         **({"data_digest": data_digest(digests)} if digests else {}),
+        **({INIT_MODEL_SHA256: strategy.init_model_digest} if config.init_model else {}),
     }
     if checkpoint is None:
         writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),

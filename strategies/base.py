@@ -54,6 +54,7 @@ from fedreg_app.protocol import (
     GLOBAL_ARRAYS,
     GLOBAL_CORRECT,
     HANDLER_SECONDS,
+    INIT_MODEL_DIGEST,
     METRICS,
     NUM_EXAMPLES,
     NUM_PROCESSED,
@@ -159,6 +160,9 @@ class PersonalizedStrategy(Strategy):
         #: Each partition's content digest, computed alike: a reply's ``data`` record must
         #: name it, or the node trained or evaluated on other samples than the partition's.
         self.split_digests: dict[int, str] = {}
+        #: The sha256 of the ServerApp's ``init-model`` file (None without one): a reply
+        #: must name the same for the node's copy, whose weights its private parts start from.
+        self.init_model_digest: str | None = None
         if config.global_eval != "auto":
             if not self.has_global_model:
                 raise ConfigError(
@@ -467,17 +471,21 @@ class PersonalizedStrategy(Strategy):
         """A reply must come from a node holding the partition's samples (``data``'s
         digest equal to the ServerApp's, where it knows it): a deployed node whose own
         copy of the dataset differs (a lossy copy, another version) would otherwise train
-        on other data with the same sample counts. "" when it holds or is not known."""
+        on other data with the same sample counts; and, with an ``init-model``, naming
+        the digest of the ServerApp's file. "" when they hold or are not known."""
+        held = msg.content[DATA] if DATA in msg.content.config_records else {}
         known = self.split_digests.get(partition_id)
-        if known is None:
-            return ""
-        said = msg.content[DATA].get(DIGEST) if DATA in msg.content.config_records else None
-        if said == known:
-            return ""
-        shown = f"{said[:12]}…" if isinstance(said, str) else repr(said)[:40]
-        return (f"data digest {shown}, but partition {partition_id}'s samples digest to "
-                f"{known[:12]}…: the node's dataset-path holds other data than the "
-                "ServerApp's (or its state-dir a decoded copy made otherwise)")  # fmt: skip
+        said = held.get(DIGEST)
+        if known is not None and said != known:
+            return (f"data digest {_shown(said)}, but partition {partition_id}'s samples "
+                    f"digest to {known[:12]}…: the node's dataset-path holds other data than "
+                    "the ServerApp's (or its state-dir a decoded copy made otherwise)")  # fmt: skip
+        said = held.get(INIT_MODEL_DIGEST)
+        if self.init_model_digest is not None and said != self.init_model_digest:
+            return (f"init-model digest {_shown(said)}, but the ServerApp's init-model file "
+                    f"digests to {self.init_model_digest[:12]}…: the node's copy holds other "
+                    "weights, from which its private parts would start")  # fmt: skip
+        return ""
 
     def weights_problem(self, partition_id: int, metrics: Mapping[str, Any]) -> str:
         """A partition's aggregation weights against its train split, which the server
@@ -656,6 +664,11 @@ def reply_metrics_problem(
     if held is not None and (isinstance(held, bool) or not is_whole(held)):
         return f"metric {STATE_ROUND}={held!r} is not a round (a whole number >= 0)"
     return ""
+
+
+def _shown(said: object) -> str:
+    """A digest from the wire, shortened for an error message (any type: not trusted)."""
+    return f"{said[:12]}…" if isinstance(said, str) else repr(said)[:40]
 
 
 def arrays_problem(arrays: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> str:

@@ -66,20 +66,29 @@ def small_app(root: Path) -> Path:
 def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
     tmp_path: Path,
 ) -> None:
+    """The copy holds what the FAB will: Flower's include patterns narrowed by the app's
+    ``fab-include`` (before session 33 it also copied the README, configs and tests,
+    which Flower then left out), less what ``.gitignore`` names."""
     app = small_app(tmp_path)
     staged = stage_app(app, tmp_path / "home" / "app")
     assert fab_files(build_fab_from_disk(staged)) == fab_files(build_fab_from_disk(app))
     copied = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
     assert copied == [
-        ".gitignore", "README.md", "clients/__init__.py", "configs/grid.toml",
-        "fedreg_app/__init__.py", "fedreg_app/server_app.py", "pyproject.toml",
-        "strategies/__init__.py", "tests/test_app.py",
+        ".gitignore", "clients/__init__.py", "fedreg_app/__init__.py",
+        "fedreg_app/server_app.py", "pyproject.toml", "strategies/__init__.py",
     ]  # fmt: skip
-    (app / "README.md").write_text("# changed\n")
+    (app / "fedreg_app" / "server_app.py").write_text("app = 1\n")
     (staged / "stale.py").write_text("")  # a copy is replaced whole, never merged
     stage_app(app, staged)
-    assert (staged / "README.md").read_text() == "# changed\n"
+    assert (staged / "fedreg_app" / "server_app.py").read_text() == "app = 1\n"
     assert not (staged / "stale.py").exists()
+    # an app without fab-include: Flower's own patterns, as the FAB it builds
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("fab-include", "# fab-include"))
+    staged = stage_app(app, tmp_path / "home" / "app")
+    assert fab_files(build_fab_from_disk(staged)) == fab_files(build_fab_from_disk(app))
+    copied = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
+    assert {"README.md", "configs/grid.toml", "tests/test_app.py"} <= set(copied)
 
 
 def test_the_projects_fab_holds_its_code_only(tmp_path: Path) -> None:

@@ -1330,6 +1330,7 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     accuracies and the best figures made consistent, or its config) was published by
     `fedreg-report` and taken as finished by the runner; the checkpoint's seal was
     checked on resume only. Now a record beside a checkpoint must be the one it sealed."""
+    from fedreg_app.replay import read_recording
     from fedreg_app.reports import scan
 
     seed_folder = tmp_path / "root" / "smoke" / "fedavg" / "seed5"
@@ -1351,6 +1352,7 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
         document["run"]["status"] = "running"
         path.write_text(json.dumps(document))
         assert [r.seed for r in scan(tmp_path / "root", unfinished=True).results] == [5]
+        assert read_recording(path).config["num-server-rounds"] == 4  # replays, too
         return
     path.write_text(json.dumps(document))
     collection = scan(tmp_path / "root")
@@ -1358,6 +1360,53 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     note = collection.skipped_note(tmp_path / "root")
     said = "not the ones the checkpoint sealed" if edit == "figures" else "local-epochs"
     assert said in note and "invalid" in note
+    # fedreg-replay read the same record without its seal (session 33): it would replay
+    # an edited config, or report differences as if the run had produced them
+    with pytest.raises(ConfigError, match=said):
+        read_recording(path)
+
+
+def test_a_round_committed_while_a_report_reads_the_run_leaves_it_valid(
+    base: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round writes results.json, then its checkpoint. A report (and the runner's
+    status, and a replay) read results.json, then the checkpoint's seal: a round
+    committed between the two reads showed a seal ahead of the record, and a running
+    run read as `invalid` (session 33). The seal is read first now. The interleaving is
+    injected: the first read of results.json returns the round-1 record and then lets
+    the run write rounds 2 and 3, record then checkpoint, as the ServerApp does."""
+    from fedreg_app.replay import read_recording
+    from fedreg_app.reports import read_document
+
+    config = {**base, "state-dir": str(tmp_path / "state")}
+    folder = killed_in_round_2(config, tmp_path)
+    record, state = folder / "results.json", folder / "checkpoint" / "state.json"
+    round_1 = (record.read_bytes(), state.read_bytes())
+    assert run_server({**config, "resume": str(folder)}, run_id=2)[1] is None
+    round_3 = {**results_of(folder), "run": {**results_of(folder)["run"], "status": "running"}}
+    round_3_state = state.read_bytes()
+    read_text = Path.read_text
+
+    def a_round_commits_after_the_record_is_read(path: Path, *args: Any, **kwargs: Any) -> str:
+        text = read_text(path, *args, **kwargs)
+        if path == record and json.loads(text)["rounds"][-1]["round"] == 1:
+            record.write_text(json.dumps(round_3))
+            state.write_bytes(round_3_state)
+        return text
+
+    for reader in (read_document, read_recording):
+        record.write_bytes(round_1[0])
+        state.write_bytes(round_1[1])
+        monkeypatch.setattr(Path, "read_text", a_round_commits_after_the_record_is_read)
+        try:
+            document = reader(record)
+        finally:
+            monkeypatch.setattr(Path, "read_text", read_text)
+        rounds = document["rounds"] if isinstance(document, dict) else document.rounds
+        assert [r["round"] for r in rounds] == [1]  # read before the round committed
+        assert results_of(folder)["rounds"][-1]["round"] == 3  # and the run went on
+        if isinstance(document, dict):
+            assert document["run"]["status"] == "running", document["run"].get("error")
 
 
 def test_only_an_algorithm_that_ends_early_may_record_fewer_rounds() -> None:
@@ -1400,6 +1449,73 @@ def test_a_seal_written_before_a_field_was_added_still_holds() -> None:
     later = [{**rounds[0], "global_model_kept": True}]  # a field the seal did not hash
     assert sealed_rounds_match(later, named)
     assert not sealed_rounds_match([{**rounds[0], "global_accuracy": 0.7}], named)
+
+
+def _init_model_files(tmp_path: Path, **seeds: int) -> dict[str, Path]:
+    """Model files of the grey dataset's model, one per name, from the seeds given."""
+    from fedreg_app.data import DatasetInfo
+    from fedreg_app.models import BASE, HEAD_G, build_model
+    from fedreg_app.persist import save_arrays
+
+    info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
+    files = {}
+    for name, seed in seeds.items():
+        files[name] = tmp_path / f"{name}.npz"
+        save_arrays(files[name], build_model(info, 2, seed).group_state(BASE, HEAD_G))
+    return files
+
+
+def test_a_node_whose_init_model_copy_holds_other_weights_is_refused_by_its_digest(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """A node names its own copy of the init-model (session 32), and nothing held it to
+    the server's file: a device with another checkpoint under that name started its
+    private head from other weights, and the run ended `completed` (session 33). Every
+    reply now names its file's sha256: that partition's replies are refused and named,
+    the run is `degraded`, the others count; the record names the server file's sha256."""
+    from fedreg_app.metrics import INIT_MODEL_SHA256
+    from fedreg_app.persist import file_sha256
+
+    files = _init_model_files(tmp_path, server=42, device=43)
+    config = {**base, "num-server-rounds": 2, "init-model": str(files["server"]),
+              "fraction-train": 1.0}  # fmt: skip
+    _, stopped = run_server(config, node_configs={2: {"init-model": str(files["device"])}})
+    assert stopped is None
+    document = results(tmp_path / "results")
+    assert document["run"][INIT_MODEL_SHA256] == file_sha256(files["server"])
+    assert document["run"]["status"] == "degraded"
+    errors = [e for r in document["rounds"] for e in r["errors"]]
+    assert errors and all(e["partitions"] == [2] for e in errors), errors
+    assert all("init-model digest" in e["error"] and "other weights" in e["error"]
+               for e in errors)  # fmt: skip
+    assert {e["phase"] for e in errors} == {"train", "evaluate"}
+    assert all("2" not in r["client_accuracies"] for r in document["rounds"])
+    same = {**config, "results-dir": str(tmp_path / "same")}  # a copy of the same bytes
+    shutil.copy(files["server"], tmp_path / "copy.npz")
+    assert run_server(same, node_configs={2: {"init-model": str(tmp_path / "copy.npz")}})[1] is None
+    assert results(tmp_path / "same")["run"]["status"] == "completed"
+
+
+def test_a_resume_from_another_init_model_file_is_refused(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """A killed run's init-model file replaced before the resume: clients not yet trained
+    would start their private parts from other weights than those trained so far. The
+    resume is refused, naming the file; with the run's file back it ends as an
+    uninterrupted run does."""
+    files = _init_model_files(tmp_path, first=42, other=43)
+    config = {**base, "state-dir": str(tmp_path / "state"), "init-model": str(files["first"])}
+    folder = killed_in_round_2(config, tmp_path)
+    original = files["first"].read_bytes()
+    files["first"].write_bytes(files["other"].read_bytes())
+    _, stopped = run_server({**config, "resume": str(folder)}, run_id=2)
+    assert isinstance(stopped, ValueError), stopped
+    assert "init-model is not the file the run began from" in str(stopped)
+    files["first"].write_bytes(original)
+    assert run_server({**config, "resume": str(folder)}, run_id=3)[1] is None
+    whole = {**config, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "s2")}
+    assert run_server(whole)[1] is None
+    assert per_round(results_of(folder)) == per_round(results(tmp_path / "whole"))
 
 
 def test_a_device_reads_its_own_copy_of_the_init_model(

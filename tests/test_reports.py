@@ -24,6 +24,7 @@ from fedreg_app.reports import (
     class_distribution_report,
     collect,
     cost_table,
+    describe_setting,
     differing_settings,
     log_ratio_lines,
     main,
@@ -117,9 +118,23 @@ def test_paper_table_has_g_and_p_per_experiment(tmp_path: Path) -> None:
         fake_run(tmp_path, "clients50", "fedreg", seed, globals_=(0.5, 0.7, 0.6), clients=50)
     fake_run(tmp_path, "clients30", "fedavg__variant-a", 0, personals=(0.5, 0.6, 0.7))
     table = paper_table(collect(tmp_path)).splitlines()
-    assert table[0] == "| cell | clients30 G | clients30 P | clients50 G | clients50 P | seeds |"
+    assert table[0] == ("| cell | clients30 G | clients30 P | clients50 G | clients50 P "
+                        "| seeds (clients30/clients50) |")  # fmt: skip
     assert "| fedreg | 82.00 ± 2.83 | 90.00 ± 0.00 | 70.00 ± 0.00 | 90.00 ± 0.00 | 2/2 |" in table
     assert "| fedavg variant-a | 70.00 | 70.00 | – | – | 1/0 |" in table
+
+
+def test_a_plot_title_names_which_fraction_it_gives() -> None:
+    """A title said "fraction 0.2": of the clients a round trains, or of the data (the
+    scaled configs use both)? Each is named by its key; a data-fraction of 1 is left out."""
+    config = {"dataset": "zalando/fashion_mnist", "alpha": 0.1, "fraction-train": 0.2,
+              "local-epochs": 5, "batch-size": 10, "num-server-rounds": 100}  # fmt: skip
+    run = {"num_clients": 50}
+    assert describe_setting({"config": config, "run": run}) == (
+        "fashion_mnist, 50 clients, alpha 0.1, 100 rounds, fraction-train 0.2, E=5, B=10"
+    )
+    scaled = {"config": {**config, "data-fraction": 0.25}, "run": run}
+    assert describe_setting(scaled).startswith("fashion_mnist, data-fraction 0.25, 50 clients")
 
 
 def test_mean_band_uses_rounds_every_seed_evaluated(tmp_path: Path) -> None:
