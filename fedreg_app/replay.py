@@ -49,7 +49,7 @@ from fedreg_app.launcher import (
     add_resource_arguments,
     resources_of,
 )
-from fedreg_app.metrics import first_line, record_problem, status_problem
+from fedreg_app.metrics import INIT_MODEL_SHA256, first_line, record_problem, status_problem
 from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
 from fedreg_app.registry import load_config
 from fedreg_app.reports import placement_problem, read_sealed, seal_problem
@@ -352,15 +352,25 @@ def environment_notes(recording: Recording, current: dict[str, Any]) -> list[str
 def data_notes(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     """Two runs of one config that read other samples (their ``data_digest`` differs: a
     dataset replaced or re-encoded at its path) differ because of the data, whatever the
-    code does; runs recorded before the digest existed are not compared."""
+    code does; runs recorded before the digest existed are not compared. Likewise two
+    runs that began from other ``init-model`` files (``init_model_sha256``)."""
+    notes = []
     digests = first.get("data_digest"), second.get("data_digest")
-    if None in digests or digests[0] == digests[1]:
-        return []
-    return [
-        f"the two runs read other data (data_digest {digests[0][:12]} vs {digests[1][:12]}: "
-        "other samples, or the same ones partitioned otherwise, as by another flwr-datasets "
-        "version); their differences come from the data, not from the code"
-    ]
+    if None not in digests and digests[0] != digests[1]:
+        notes.append(
+            f"the two runs read other data (data_digest {digests[0][:12]} vs "
+            f"{digests[1][:12]}: other samples, or the same ones partitioned otherwise, as by "
+            "another flwr-datasets version); their differences come from the data, not from "
+            "the code"
+        )
+    models = first.get(INIT_MODEL_SHA256), second.get(INIT_MODEL_SHA256)
+    if None not in models and models[0] != models[1]:
+        notes.append(
+            f"the two runs began from other init-model files (sha256 {models[0][:12]} vs "
+            f"{models[1][:12]}); their differences come from the starting weights, not from "
+            "the code"
+        )
+    return notes
 
 
 def attempt_environments(recording: Recording) -> list[dict[str, Any]]:

@@ -409,6 +409,10 @@ def test_against_notes_runs_that_read_other_data(tmp_path: Path, capsys) -> None
         "bbbbbbbbbbbb" in capsys.readouterr().out  # fmt: skip
     assert replay.data_notes({"data_digest": "a" * 64}, {"data_digest": "a" * 64}) == []
     assert replay.data_notes({}, {"data_digest": "b" * 64}) == []
+    # runs begun from other init-model files (session 33's record of the file's sha256)
+    [note] = replay.data_notes({"init_model_sha256": "c" * 64}, {"init_model_sha256": "d" * 64})
+    assert "other init-model files (sha256 cccccccccccc vs dddddddddddd)" in note
+    assert replay.data_notes({"init_model_sha256": "c" * 64}, {}) == []
 
 
 # ------------------------------------------------------------ GPU records
