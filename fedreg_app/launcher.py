@@ -53,8 +53,8 @@ def stage_app(app: Path, target: Path) -> Path:
     ``flwr run <app>`` resolves every file under the app folder before its ignore rules
     apply: in a checkout holding its virtual environment (.venv, ~47,000 files) that took
     7 s of every run here. The copy keeps what Flower's own rules would put in a FAB (its
-    include patterns, narrowed by the app's ``fab-include`` and ``fab-exclude``, less
-    what ``.gitignore`` names: the venv, the results, the experiments), ``pyproject.toml``
+    include patterns, narrowed by the app's ``fab-include``, less what ``.gitignore``
+    names: the venv, the results, the experiments), ``pyproject.toml``
     and the ``.gitignore`` itself, so the FAB built from it is the one ``flwr run`` would
     build from the app; Flower filters the copy again as usual. An
     output folder inside the app (a ``--out`` of the runner or a replay: one that holds a
@@ -65,7 +65,8 @@ def stage_app(app: Path, target: Path) -> Path:
 
     ignored = build_pathspec(load_gitignore_patterns(app / ".gitignore"))
     included = build_pathspec(FAB_INCLUDE_PATTERNS)
-    app_include, app_exclude = app_fab_patterns(app)
+    # not fab-exclude: Flower refuses a pattern that matches no file of the copy
+    app_include = app_fab_include(app)
     shutil.rmtree(target, ignore_errors=True)
     for folder, subfolders, files in os.walk(app):
         relative = Path(folder).relative_to(app)
@@ -79,7 +80,6 @@ def stage_app(app: Path, target: Path) -> Path:
             wanted = path in (".gitignore", "pyproject.toml") or (
                 included.match_file(path) and not ignored.match_file(path)
                 and (app_include is None or app_include.match_file(path))
-                and (app_exclude is None or not app_exclude.match_file(path))
             )  # fmt: skip
             if wanted and not (Path(folder) / name).is_symlink():
                 (target / relative).mkdir(parents=True, exist_ok=True)
@@ -87,19 +87,18 @@ def stage_app(app: Path, target: Path) -> Path:
     return target
 
 
-def app_fab_patterns(app: Path) -> tuple[Any, Any]:
-    """The app's ``fab-include`` and ``fab-exclude`` as path specs (None where it sets
-    none, or its ``pyproject.toml`` cannot be read: Flower names that when it builds)."""
+def app_fab_include(app: Path) -> Any:
+    """The app's ``fab-include`` as a path spec (None where it sets none, or its
+    ``pyproject.toml`` cannot be read: Flower names that when it builds)."""
     from flwr.cli.build import get_user_fab_patterns
     from flwr.cli.utils import build_pathspec
 
     try:
         config = tomllib.loads((app / "pyproject.toml").read_text())
-        include, exclude = get_user_fab_patterns(config)
+        include, _ = get_user_fab_patterns(config)
     except (OSError, ValueError):  # tomllib's errors are ValueErrors, and Flower's
-        return None, None
-    return (None if include is None else build_pathspec(include),
-            None if exclude is None else build_pathspec(exclude))  # fmt: skip
+        return None
+    return None if include is None else build_pathspec(include)
 
 
 #: A SuperExec (the SuperLink's, which starts the simulation; a SuperNode's, which starts

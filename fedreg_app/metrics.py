@@ -442,9 +442,8 @@ class ResultsWriter:
                 f"resume: {path}: {problem}; the checkpoint is of round {after_round}, so "
                 "rounds 1 to it are kept from this file: start the run anew"
             )
-        began_from = document["run"].get(INIT_MODEL_SHA256)
-        if began_from is not None and run.get(INIT_MODEL_SHA256) != began_from:
-            now = run.get(INIT_MODEL_SHA256)
+        began_from, now = document["run"].get(INIT_MODEL_SHA256), run.get(INIT_MODEL_SHA256)
+        if began_from is not None and now != began_from:
             raise ValueError(
                 f"resume: init-model is not the file the run began from (sha256 "
                 f"{str(now)[:12]}, the run's {str(began_from)[:12]}): clients not yet "

@@ -82,9 +82,20 @@ def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
     stage_app(app, staged)
     assert (staged / "fedreg_app" / "server_app.py").read_text() == "app = 1\n"
     assert not (staged / "stale.py").exists()
-    # an app without fab-include: Flower's own patterns, as the FAB it builds
+    # a fab-exclude is left to Flower: applied to the copy too, Flower refused its pattern
+    # for matching no file there (a review of session 33's change)
+    (app / "fedreg_app" / "scratch.py").write_text("x = 1\n")
     pyproject = app / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace("fab-include", "# fab-include"))
+    original = pyproject.read_text()
+    with_exclude = original.replace(
+        "fab-include", 'fab-exclude = ["fedreg_app/scratch.py"]\nfab-include', 1
+    )
+    pyproject.write_text(with_exclude)
+    staged = stage_app(app, tmp_path / "home" / "app")
+    assert fab_files(build_fab_from_disk(staged)) == fab_files(build_fab_from_disk(app))
+    assert "fedreg_app/scratch.py" not in fab_files(build_fab_from_disk(staged))
+    # an app without fab-include: Flower's own patterns, as the FAB it builds
+    pyproject.write_text(original.replace("fab-include", "# fab-include"))
     staged = stage_app(app, tmp_path / "home" / "app")
     assert fab_files(build_fab_from_disk(staged)) == fab_files(build_fab_from_disk(app))
     copied = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
