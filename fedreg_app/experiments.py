@@ -26,11 +26,12 @@ last checkpoint (``resume``), in the same run folder, with the same client state
 (``<seed folder>/state`` for algorithms whose clients keep state): its results equal an
 uninterrupted run's. A checkpoint that cannot be trusted is reported by folder and error
 and that run is left alone, unless ``--restart-damaged`` asks to start it anew. A
-``failed`` run, or one that left no checkpoint, is run again from round 1; the runner
-lists failed runs at the end and exits non-zero. The summary table marks degraded
-figures. Exit status: 0 every run finished, 1 some run failed or cannot be resumed, 2 a
-bad command line or config, 3 stopped by ``--max-minutes`` (resumable), 130 / 143
-stopped by SIGINT / SIGTERM (resumable).
+``failed`` run (its own error: a data folder gone, every reply lost) is retried from its
+last checkpoint by the next invocation; one that left no checkpoint is run again from
+round 1; the runner lists failed runs at the end and exits non-zero. The summary table
+marks degraded figures. Exit status: 0 every run finished, 1 some run failed or cannot be
+resumed, 2 a bad command line or config, 3 stopped by ``--max-minutes`` (resumable),
+130 / 143 stopped by SIGINT / SIGTERM (resumable).
 
     fedreg-experiment configs/smoke.toml --seeds 3 --algos fedreg,fedavg \\
         --set dataset-path=../shared/data/fashion_mnist
@@ -524,12 +525,14 @@ def checkpoint_round(run_folder: Path | None) -> int:
 
 
 def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = False) -> Attempt:
-    """Resume the newest run folder that holds a checkpoint, if its run was interrupted
-    (status ``stopped``: the runner stopped it; ``running``: killed with no time to write);
-    a ``failed`` run (an error of its own) and a seed with no checkpoint start anew, and so
-    does a run whose config changed since. A checkpoint, ``results.json`` or client state
-    that cannot be trusted stops the run from going on: reported, and started anew in a
-    fresh folder only with ``restart_damaged`` (the damaged folder is kept, marked)."""
+    """Resume the newest run folder that holds a checkpoint, if its run did not finish
+    (status ``stopped``: the runner stopped it; ``running``: killed with no time to write;
+    ``failed``: an error of its own, such as a data folder gone or every client's reply
+    lost, which a rerun retries from the last checkpoint, not from round 1); a seed with no
+    checkpoint starts anew, and so does a run whose config changed since. A checkpoint,
+    ``results.json`` or client state that cannot be trusted stops the run from going on:
+    reported, and started anew in a fresh folder only with ``restart_damaged`` (the damaged
+    folder is kept, marked)."""
     folder, marker = None, {}
     for candidate in reversed(spec.run_folders()):  # the newest not abandoned
         if not state_path(candidate).exists():
@@ -561,9 +564,6 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
         return _damaged(folder, document["run"]["error"], restart_damaged)
     if status in FINISHED:
         return Attempt()
-    if status == FAILED and not marker.get("stopped"):
-        error = first_line(str(document.get("run", {}).get("error", "")))
-        return Attempt(note=f"{folder} failed ({error}); starting the run anew")
     try:
         checkpoint, _ = Checkpoint.load(folder)
     except ConfigError as err:
@@ -610,7 +610,14 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     if changed:
         return _damaged(folder, changed, restart_damaged)
     note = f"resuming {folder} after round {checkpoint.round}"
+    if status == FAILED and not marker.get("stopped"):
+        note += f" (it failed: {failure_line(document)})"
     return Attempt(folder, checkpoint.round, note, status=status)
+
+
+def failure_line(document: dict[str, Any]) -> str:
+    """The first line of the error a failed record names."""
+    return first_line(str(document.get("run", {}).get("error", "")))
 
 
 def data_change(checkpoint: Checkpoint, config: RunConfig) -> str | None:
@@ -667,6 +674,8 @@ def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
         why = f"; {stopped}" if stopped else ""
         if not stopped and attempt.status == RUNNING:
             why = "; its status says running: in progress now, or killed unawares"
+        if not stopped and attempt.status == FAILED:
+            why = f"; it failed: {failure_line(read_document(attempt.resume / 'results.json'))}"
         after = attempt.after_round
         return f"resumes after round {after}/{spec.num_rounds}{why}", after
     other = spec.other_setting()
@@ -996,14 +1005,14 @@ def tidy(spec: RunSpec) -> list[Path]:
 
 def never_resumed(run_folder: Path) -> bool:
     """Whether :func:`decide` would never resume this run folder: finished, abandoned, or
-    failed of its own accord (not stopped by the runner); a marker the runner did not
-    write or an unreadable record may still be resumed once mended."""
+    failed before its first checkpoint; a marker the runner did not write or an unreadable
+    record may still be resumed once mended."""
     marker, foreign = load_marker(run_folder)
     if foreign is not None:
         return False
     status = run_status(read_document(run_folder / "results.json"))
-    failed_itself = status == FAILED and not marker.get("stopped")
-    return bool(marker.get("abandoned")) or status in FINISHED or failed_itself
+    failed_unsaved = status == FAILED and not state_path(run_folder).exists()
+    return bool(marker.get("abandoned")) or status in FINISHED or failed_unsaved
 
 
 def run_all(

@@ -29,6 +29,7 @@ from fedreg_app.config import ConfigError
 from fedreg_app.data import PartitionKey, split_digests, split_sizes
 from fedreg_app.experiments import (
     EXIT_BUSY,
+    EXIT_FAILED,
     RUNNER_LOCK,
     Experiment,
     Progress,
@@ -39,6 +40,7 @@ from fedreg_app.experiments import (
     decide,
     main,
     markdown_table,
+    never_resumed,
     pending_state,
     plan,
     read_marker,
@@ -742,6 +744,8 @@ def interrupted_run(
     folder.mkdir(parents=True)
     document = results_document("completed", spec.setting)
     document["run"]["status"] = status
+    if status == "failed":
+        document["run"]["error"] = "RuntimeError: CUDA out of memory\nsecond line"
     document["rounds"] = [{**document["rounds"][0], "round": k} for k in range(1, at_round + 1)]
     (folder / "results.json").write_text(json.dumps(document))
     config = load_config({**DECLARED, **spec.run_config})
@@ -909,18 +913,31 @@ def test_a_folder_whose_holder_lets_go_while_the_superlink_starts_is_resumed(
     assert FakeSuperLink.resumed == [str(folder)]  # resumed from its checkpoint
 
 
-def test_an_interrupted_run_is_resumed_and_a_failed_one_restarted(tmp_path: Path) -> None:
+def test_an_interrupted_run_and_a_failed_one_are_resumed_from_their_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """A run that failed of its own (session 34: its data folder vanished at round 99 of
+    100) was started anew from round 1, its 98 checkpointed rounds thrown away; it is
+    retried from its checkpoint now, and says that it failed."""
     killed, stopped, failed = one_cell_specs(tmp_path, 3)
     folder = interrupted_run(killed, "running")  # SIGKILL: no time to write anything
     attempt = decide(killed, DECLARED)
     assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, 1, None)
     # The ServerApp writes "failed" when the runner stops it; the runner's note says why.
     folder = interrupted_run(stopped, "failed")
-    assert decide(stopped, DECLARED).resume is None  # a failure of its own: from round 1
     write_marker(folder, stopped="stopped by SIGTERM")
     assert decide(stopped, DECLARED).resume == folder
-    interrupted_run(failed, "failed")
-    assert "starting the run anew" in decide(failed, DECLARED).note
+    assert "it failed" not in decide(stopped, DECLARED).note
+    folder = interrupted_run(failed, "failed")
+    attempt = decide(failed, DECLARED)
+    assert (attempt.resume, attempt.after_round, attempt.problem) == (folder, 1, None)
+    oom = "RuntimeError: CUDA out of memory"
+    assert attempt.note == f"resuming {folder} after round 1 (it failed: {oom})"
+    assert not never_resumed(folder)  # so its clients' state is not tidied away
+    assert pending_state(failed, DECLARED) == (
+        f"resumes after round 1/{failed.num_rounds}; it failed: {oom}",
+        1,
+    )
     # A changed config cannot continue the old run: it starts anew, and says so.
     changed = {**killed.run_config, "local-epochs": 7}
     attempt = decide(RunSpec(**{**killed.__dict__, "run_config": changed}), DECLARED)
@@ -1138,13 +1155,14 @@ def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothin
                         f"2/{rounds}; stopped by --max-minutes")  # fmt: skip
     assert lines[2].startswith(f"{damaged.describe()} -> {damaged.folder}: not run: cannot "
                                f"resume {broken}: results.json is unreadable")  # fmt: skip
-    assert lines[3].endswith(": starts anew: " + decide(failed, DECLARED).note)
+    assert lines[3] == (f"{failed.describe()} -> {failed.folder}: resumes after round "
+                        f"1/{rounds}; it failed: RuntimeError: CUDA out of memory")  # fmt: skip
     assert lines[4] == f"{fresh.describe()} -> {fresh.folder}: starts"
     assert lines[5] == (f"{killed.describe()} -> {killed.folder}: resumes after round "
                         f"1/{rounds}; its status says running: in progress now, or killed "
                         "unawares")  # fmt: skip
-    left = experiments._clock((5 * rounds - 3) * 2.0)  # every recorded round took 2 s
-    assert lines[6] == (f"grid {rounds + 3}/{6 * rounds} rounds done in 6 runs; about "
+    left = experiments._clock((5 * rounds - 4) * 2.0)  # every recorded round took 2 s
+    assert lines[6] == (f"grid {rounds + 4}/{6 * rounds} rounds done in 6 runs; about "
                         f"{left} left at the seconds a round of the records")  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
     assert read_marker(broken) == {}
@@ -1425,6 +1443,45 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
     assert results["rounds"][:stopped_at] == before
     assert_equal_runs(folder, uninterrupted)
     assert not (out / "tiny" / "fedreg" / "seed0" / "state").exists()  # finished: freed
+
+
+@pytest.mark.e2e
+def test_a_run_that_failed_when_its_data_vanished_resumes_from_its_checkpoint(
+    uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
+) -> None:
+    """The fault of session 34's GPU runs: the dataset folder is moved away (by the test,
+    for real) once round 1 is checkpointed. Every client refuses the next query, the run
+    fails and the runner exits 1, keeping the clients' state. With the folder back, the
+    same command retries the run from its checkpoint, in the same folder (it used to start
+    it anew from round 1: 98 rounds lost), and ends as the uninterrupted run."""
+    data = shutil.copytree(grey_dataset, tmp_path / "data")
+    config, out = tiny_fedreg(tmp_path, data), tmp_path / "out"
+    with (tmp_path / "first.log").open("w") as log:
+        runner = runner_at_round_1(config, out, log)
+        try:
+            data.rename(tmp_path / "away")
+            assert runner.wait(timeout=180) == EXIT_FAILED
+        finally:
+            kill_tree(runner)  # only if the test failed
+    printed = (tmp_path / "first.log").read_text()
+    folder = only_run_folder(out)
+    record = json.loads((folder / "results.json").read_text())
+    assert record["run"]["status"] == "failed", printed
+    assert "no train.parquet" in record["run"]["error"]
+    failed_at = checkpoint_round(folder)
+    assert 1 <= failed_at < 4 and len(record["rounds"]) == failed_at
+    assert (out / "tiny" / "fedreg" / "seed0" / "state").is_dir()  # kept for the retry
+    (tmp_path / "away").rename(data)  # mended
+    assert main([str(config), "--out", str(out), "--dry-run"]) == 0
+    assert f"resumes after round {failed_at}/4; it failed: " in capsys.readouterr().out
+    assert main([str(config), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"resuming {folder} after round {failed_at} (it failed: " in printed
+    assert only_run_folder(out) == folder
+    results = json.loads((folder / "results.json").read_text())
+    assert results["rounds"][:failed_at] == record["rounds"]  # kept, not recomputed
+    assert "error" not in results["run"]
+    assert_equal_runs(folder, uninterrupted)
 
 
 @pytest.mark.e2e
