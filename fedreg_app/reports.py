@@ -240,11 +240,16 @@ class Skipped:
     status: str  # failed, running, stopped, or "no results" / "unreadable"
     error: str | None = None
 
-    def line(self, root: Path) -> str:
-        """``- <experiment>/<cell>/seed<k>: <status>: <first line of the error>``."""
+    def line(self, root: Path | Sequence[Path]) -> str:
+        """``- <experiment>/<cell>/seed<k>: <status>: <first line of the error>``; with
+        several roots the path keeps the name of the root it lies under."""
         reason = self.status + (f": {self.error.splitlines()[0]}" if self.error else "")
+        roots = [root] if isinstance(root, Path) else list(root)
         where = self.seed_folder
-        return f"- {where.relative_to(root) if where.is_relative_to(root) else where}: {reason}"
+        under = next((r for r in roots if where.is_relative_to(r)), None)
+        if under is not None:
+            where = where.relative_to(under if len(roots) == 1 else under.parent)
+        return f"- {where}: {reason}"
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,7 @@ class Collection:
             + [f"- {r.experiment}/{r.cell}/seed{r.seed}: {r.progress}, {r.state}" for r in runs]
         )
 
-    def skipped_note(self, root: Path) -> str:
+    def skipped_note(self, root: Path | Sequence[Path]) -> str:
         """How many seed folders were left out and why ("" if none)."""
         if not self.skipped:
             return ""
@@ -540,6 +545,33 @@ def scan(root: Path, unfinished: bool = False) -> Collection:
         )
     results, other_settings = one_setting(results)
     return Collection(results, skipped + other_settings)
+
+
+def scan_roots(roots: Sequence[Path], unfinished: bool = False) -> Collection:
+    """:func:`scan` over several results roots, as one: several runners side by side (one
+    ``--out`` each, e.g. four cells on one GPU) give one table. A seed of a cell found
+    under two roots is refused, naming both: the report counts each seed once, and which
+    of two runs is the seed's is the user's choice, not the report's."""
+    if len(roots) == 1:
+        return scan(roots[0], unfinished)
+    results: list[RunResult] = []
+    skipped: list[Skipped] = []
+    where: dict[tuple[str, str, int], Path] = {}
+    for root in roots:
+        collection = scan(root, unfinished)
+        for run in collection.results:
+            key = (run.experiment, run.cell, run.seed)
+            if key in where:
+                raise ConfigError(
+                    f"{run.experiment}/{run.cell}/seed{run.seed} has a run under two roots: "
+                    f"{where[key]} and {run.folder}; a report counts each seed once: move "
+                    "one of them away, or report the roots apart"
+                )
+            where[key] = run.folder or root
+        results += collection.results
+        skipped += collection.skipped
+    kept, other_settings = one_setting(results)
+    return Collection(kept, skipped + other_settings)
 
 
 def collect(root: Path, unfinished: bool = False) -> list[RunResult]:
@@ -1097,23 +1129,25 @@ def _save(figure: Any, path: Path) -> Path:
 
 # --------------------------------------------------------------------- reports
 def write_report(
-    root: Path,
+    root: Path | Sequence[Path],
     out: Path,
     personal: str = "all",
     unfinished: bool = False,
     papers: Sequence[PaperCells] = (),
 ) -> list[Path]:
-    """Tables and plots for every finished run (completed or degraded) under ``root``; the
-    table says which seed folders were left out and why. ``personal`` picks the personal
-    figure shown (one of ``PERSONAL_FIGURES``); ``unfinished`` keeps unfinished runs of
-    seeds with no finished one, marked, with their rounds done under the table."""
-    collection = scan(root, unfinished)
-    results, skipped = collection.results, collection.skipped_note(root)
+    """Tables and plots for every finished run (completed or degraded) under ``root`` (or
+    under each of several roots, see :func:`scan_roots`); the table says which seed
+    folders were left out and why. ``personal`` picks the personal figure shown (one of
+    ``PERSONAL_FIGURES``); ``unfinished`` keeps unfinished runs of seeds with no finished
+    one, marked, with their rounds done under the table."""
+    roots = [root] if isinstance(root, Path) else list(root)
+    collection = scan_roots(roots, unfinished)
+    results, skipped = collection.results, collection.skipped_note(roots)
     if not results:
         kinds = "completed, degraded or unfinished" if unfinished else "completed or degraded"
         raise FileNotFoundError(
-            f"{root}: no {kinds} results.json under */*/seed*/ or */*/seed*/*/"
-            + (f"\n{skipped}" if skipped else "")
+            f"{', '.join(map(str, roots))}: no {kinds} results.json under */*/seed*/ or "
+            "*/*/seed*/*/" + (f"\n{skipped}" if skipped else "")
         )
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "table.md", out / "costs.md", out / "runs.md"]
@@ -1181,8 +1215,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Tables and plots from the runs under a results root "
         "(or `fedreg-report classes ...` for the Figure 4 class distribution).",
     )
-    parser.add_argument("root", type=Path, help="results root written by fedreg-experiment")
-    parser.add_argument("--out", type=Path, help="where to write (default: ROOT/report)")
+    parser.add_argument("root", type=Path, nargs="+",
+                        help="results root written by fedreg-experiment; several (runners "
+                        "run side by side, one --out each) make one report")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="where to write (default: ROOT/report; "
+                        "needed with several roots)")  # fmt: skip
     parser.add_argument(
         "--personal", choices=PERSONAL_FIGURES, default="all",
         help="personal accuracy shown: over all clients (default, as the sources) or over "
@@ -1201,7 +1238,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         papers = [read_paper_cells(path) for path in args.paper]
-        out = args.out or args.root / "report"
+        if args.out is None and len(args.root) > 1:
+            raise ConfigError(f"--out is needed with {len(args.root)} roots: where to write "
+                              "their one report")  # fmt: skip
+        out = args.out or args.root[0] / "report"
         written = write_report(args.root, out, args.personal, args.unfinished, papers)
     except (FileNotFoundError, ConfigError) as err:
         parser.error(str(err))

@@ -988,3 +988,38 @@ def test_the_keys_a_paper_file_varies_are_not_its_setting(tmp_path: Path) -> Non
                      'name = "t"\ngrid = { alpha = [0.1, 0.5] }\n[experiment.paper]\n'
                      'source = "X"\nfedreg = { G = 60.0, P = 80.0 }\n')  # fmt: skip
     assert "not of the setting" not in paper_comparison(runs, read_paper_cells(paper))
+
+
+# ------------------------------------------------------------ several roots, one report
+def test_several_roots_make_one_report_and_a_seed_under_two_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    """Runners side by side, one ``--out`` each (session 34: four cells at once on one
+    GPU): ``fedreg-report A B --out R`` gives one table of every cell, and a left-out
+    seed is named under its root. The same seed of a cell under two roots is refused,
+    naming both files' folders, not counted twice nor one picked in silence."""
+    gpu, cpu = tmp_path / "gpu_fedrep", tmp_path / "cpu"
+    fake_run(gpu, "table2", "fedrep", 0, globals_=(0.5, 0.6, 0.61))
+    fake_run(cpu, "table2", "fedreg", 0, globals_=(0.5, 0.6, 0.72))
+    fake_run(cpu, "table2", "fedavg", 0, status="failed", error="OOM\ntraceback")
+    assert main([str(gpu), str(cpu), "--out", str(tmp_path / "report")]) == 0
+    table = (tmp_path / "report" / "table.md").read_text()
+    assert "| fedrep | 61.00 | 90.00 | 1 |" in table
+    assert "| fedreg | 72.00 | 90.00 | 1 |" in table
+    assert "- cpu/table2/fedavg/seed0: failed: OOM" in table
+    assert (tmp_path / "report" / "table2_accuracy.png").is_file()
+    # one root alone is reported as before, relative to itself
+    assert main([str(cpu), "--out", str(tmp_path / "alone")]) == 0
+    assert "- table2/fedavg/seed0: failed: OOM" in (tmp_path / "alone" / "table.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # two roots and no --out: where would it go?
+        main([str(gpu), str(cpu)])
+    assert "--out is needed with 2 roots" in capsys.readouterr().err
+    fake_run(cpu, "table2", "fedrep", 0)  # the same seed run on the CPU too
+    with pytest.raises(SystemExit):
+        main([str(gpu), str(cpu), "--out", str(tmp_path / "both")])
+    err = capsys.readouterr().err
+    assert "table2/fedrep/seed0 has a run under two roots: " in err
+    assert str(gpu / "table2" / "fedrep" / "seed0") in err
+    assert str(cpu / "table2" / "fedrep" / "seed0") in err
+    assert not (tmp_path / "both").exists()
