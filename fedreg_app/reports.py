@@ -554,6 +554,11 @@ def scan_roots(roots: Sequence[Path], unfinished: bool = False) -> Collection:
     of two runs is the seed's is the user's choice, not the report's."""
     if len(roots) == 1:
         return scan(roots[0], unfinished)
+    seen: dict[Path, Path] = {}
+    for root in roots:
+        first = seen.setdefault(root.resolve(), root)
+        if first is not root:
+            raise ConfigError(f"the results root {root} is given twice (as {first} too)")
     results: list[RunResult] = []
     skipped: list[Skipped] = []
     where: dict[tuple[str, str, int], Path] = {}

@@ -1015,6 +1015,12 @@ def test_several_roots_make_one_report_and_a_seed_under_two_is_refused(
     with pytest.raises(SystemExit):  # two roots and no --out: where would it go?
         main([str(gpu), str(cpu)])
     assert "--out is needed with 2 roots" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one root twice (here through a link)
+        (tmp_path / "link").symlink_to(cpu)
+        main([str(cpu), str(tmp_path / "link"), "--out", str(tmp_path / "twice")])
+    assert f"the results root {tmp_path / 'link'} is given twice (as {cpu} too)" in (
+        capsys.readouterr().err
+    )
     fake_run(cpu, "table2", "fedrep", 0)  # the same seed run on the CPU too
     with pytest.raises(SystemExit):
         main([str(gpu), str(cpu), "--out", str(tmp_path / "both")])
