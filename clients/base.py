@@ -234,6 +234,7 @@ class ClientProcedure:
             device=self.device,
             optimizer=optimizer,
             drop_last=self.config.drop_last,
+            cuda_graphs=self.config.cuda_graphs,
         )
         if self.keep_optimizers:
             self.keep_optimizer(stream, model, optimizer)

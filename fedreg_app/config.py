@@ -144,6 +144,9 @@ class RunConfig:
     global_eval: str = "auto"
     results_dir: str = "results"
     device: str = "auto"
+    #: Where a client trains on CUDA: replay each training step as one captured CUDA
+    #: graph (``fedreg_app/training.py``), not its few dozen kernels one launch at a time.
+    cuda_graphs: bool = False
     state_dir: str = ""
     init_model: str = ""
     resume: str = ""
@@ -253,6 +256,9 @@ class RunConfig:
             _fail("global-eval", self.global_eval, f"one of {', '.join(GLOBAL_EVALS)}")
         if self.device not in DEVICES:
             _fail("device", self.device, f"one of {', '.join(DEVICES)}")
+        if self.cuda_graphs and not self.drop_last:
+            _fail("cuda-graphs", True, "false with drop-last = false (a captured step "
+                  "replays batches of one size; the short last batch has another)")  # fmt: skip
         threshold_statistic_or_count(self.threshold)
         for key, value, minimum in (
             ("num-server-rounds", self.num_server_rounds, 1),
@@ -360,8 +366,8 @@ def check_dataset_path(dataset_path: str) -> Path:
 #: device, logging, how failures are waited for, where G is evaluated: the same figures):
 #: two runs that differ in these alone are runs of one setting.
 PLACE_KEYS = frozenset(
-    {"resume", "results-dir", "state-dir", "dataset-path", "device", "tensorboard",
-     "reply-timeout", "min-train-replies", "global-eval"}
+    {"resume", "results-dir", "state-dir", "dataset-path", "device", "cuda-graphs",
+     "tensorboard", "reply-timeout", "min-train-replies", "global-eval"}
 )  # fmt: skip
 
 

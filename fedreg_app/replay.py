@@ -65,10 +65,14 @@ COMPARED = (*ACCURACIES, "sampled_clients", "num_train_examples")
 #: Compared where both records have them (older records do not): in a degraded round the
 #: answering clients' G is the round's only global figure.
 COMPARED_IF_RECORDED = ("global_accuracy_answered", "personal_accuracy_sampled")
-#: Keys ``--set`` may change: where the same inputs lie on this machine, nothing else
-#: (any other key would make the replay a different run).
-SETTABLE = ("dataset-path", "init-model")
-#: Keys two runs of the same config may differ in: where they read and wrote.
+#: Keys ``--set`` may change: where the same inputs lie on this machine, and how the same
+#: steps are launched (``cuda-graphs``: whether replayed graphs give the eager record's
+#: figures is what such a replay checks); any other key would make it a different run.
+INPUT_PATHS = ("dataset-path", "init-model")
+LAUNCH_KEYS = ("cuda-graphs",)
+SETTABLE = (*INPUT_PATHS, *LAUNCH_KEYS)
+#: Keys two runs of the same config may differ in: where they read and wrote, and how
+#: their steps were launched.
 LOCATIONS = (*SETTABLE, "results-dir", "state-dir", "resume")
 EXIT_DIFFERENT = 1
 #: The replay ended before the asked round (it failed to start, or its run failed): what
@@ -180,7 +184,8 @@ def replay_config(
     if refused:
         raise ConfigError(
             f"--set {', '.join(refused)}: a replay runs the recorded config; only "
-            f"{', '.join(SETTABLE)} (where the same inputs lie on this machine) may be set"
+            f"{', '.join(SETTABLE)} (where the same inputs lie on this machine, how the "
+            "steps are launched) may be set"
         )
     recorded = as_ran(recording.config)  # keys its version lacked, as it ran them
     check_declared(recorded, declared, f"the recorded config (in {recording.path}); "
@@ -188,7 +193,7 @@ def replay_config(
     config = {**recorded, **overrides, "resume": "", "results-dir": str(out / "results")}
     if recorded.get("state-dir"):  # "" kept the clients' state in memory: so does the replay
         config["state-dir"] = str(out / "state")
-    for key in SETTABLE:
+    for key in INPUT_PATHS:
         value = str(config.get(key) or "")
         if value and not Path(value).expanduser().exists():
             given = "given with --set" if key in overrides else f"recorded in {recording.path}"
@@ -533,8 +538,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds to replay (default 3); with --against, rounds to "
                         "compare (default: every round both record)")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="where an input lies on this machine: "
-                        + ", ".join(SETTABLE))  # fmt: skip
+                        help="where an input lies on this machine ("
+                        + ", ".join(INPUT_PATHS) + "), or how the steps are launched ("
+                        + ", ".join(LAUNCH_KEYS) + ")")  # fmt: skip
     parser.add_argument("--out", type=Path,
                         help="folder for the replay (default: a temporary one, removed "
                         "when the rounds are identical)")  # fmt: skip

@@ -213,6 +213,7 @@ def train_epochs(
     device: torch.device,
     optimizer: MomentumSGD | None = None,
     drop_last: bool = False,
+    cuda_graphs: bool = False,
 ) -> int:
     """Train ``trainable`` for ``epochs`` passes over ``data``; returns samples processed.
 
@@ -220,6 +221,8 @@ def train_epochs(
     ``optimizer`` over exactly ``trainable`` continues its momentum (a client's optimizer
     kept across rounds); without one a fresh optimizer is made for this call.
     ``drop_last`` leaves out each epoch's last partial batch (the run's ``drop-last``).
+    ``cuda_graphs``: on CUDA with ``drop_last``, the steps are replayed as one captured
+    graph (:func:`_graphed_epochs`); elsewhere it changes nothing.
     """
     if not trainable or len(data) == 0 or epochs == 0:
         return 0
@@ -228,6 +231,9 @@ def train_epochs(
         optimizer = MomentumSGD(trainable, lr=lr, momentum=momentum)
     processed = 0
     with only_trainable(model, trainable):
+        if cuda_graphs and drop_last and device.type == "cuda":
+            return _graphed_epochs(optimizer, loss_fn, data, epochs, batch_size, generator,
+                                   device)  # fmt: skip
         for _ in range(epochs):
             for x, y in batches(data, batch_size, generator, device, drop_last):
                 optimizer.zero_grad()
@@ -235,6 +241,87 @@ def train_epochs(
                 optimizer.step()
                 processed += int(y.shape[0])
     return processed
+
+
+#: Steps run eagerly, on a side stream, before a step is captured: they make the momentum
+#: buffers a first step creates, and let cuDNN and cuBLAS pick their kernels (the capture
+#: must record the kernels a step keeps using). They are real steps, on the real batches.
+GRAPH_WARMUP_STEPS = 3
+
+
+def _graphed_epochs(
+    optimizer: MomentumSGD,
+    loss_fn: LossFn,
+    data: TensorData,
+    epochs: int,
+    batch_size: int,
+    generator: torch.Generator,
+    device: torch.device,
+) -> int:
+    """The eager loop's steps, in its order, with its shuffles (``drop_last``): after
+    ``GRAPH_WARMUP_STEPS`` eager steps, one step (gather the batch on the device,
+    normalise, loss, backward, momentum update) is captured (:func:`capture_step`) and
+    replayed for every other batch, its batch's indices copied into the capture's input
+    first. Off CUDA the "capture" is the step itself, so the loop can be checked against
+    the eager one anywhere.
+
+    Why: a step of the small models here is a few dozen kernels of a few microseconds,
+    so an eager step is mostly their launches from Python. On an H200 one process ran
+    299 eager steps a second at batch 20 and 2,758 replayed ones
+    (``benchmarks/gpu_processes.py --graphs``, docs/results.md, session 34), and a round
+    waits for its largest client's steps, one after another."""
+    steps = len(data) // batch_size
+    if steps == 0:
+        return 0
+    inputs, labels = data.x.to(device), data.y.to(device)  # the client's data, once a call
+    batch = torch.empty(batch_size, dtype=torch.long, device=device)  # the capture's input
+
+    def step() -> None:
+        x, y = inputs.index_select(0, batch), labels.index_select(0, batch)
+        loss_fn(normalise(x) if x.dtype == torch.uint8 else x, y).backward()
+        optimizer.step()
+
+    replay: Callable[[], None] | None = None
+    done = 0
+    for _ in range(epochs):
+        order = torch.randperm(len(data), generator=generator)  # the eager loop's draw
+        for indices in order[: steps * batch_size].to(device).view(steps, batch_size):
+            batch.copy_(indices)
+            optimizer.zero_grad()  # a captured backward writes fresh gradients, as eager
+            if replay is not None:
+                replay()
+            elif done < GRAPH_WARMUP_STEPS:
+                warm_up(step, device)
+            else:
+                replay = capture_step(step, device)
+                replay()
+            done += 1
+    optimizer.zero_grad()  # the capture's gradient buffers go with it
+    return done * batch_size
+
+
+def warm_up(step: Callable[[], None], device: torch.device) -> None:
+    """One eager step; on CUDA on a side stream, as a capture wants its kernels chosen and
+    its first allocations made away from the stream it records."""
+    if device.type != "cuda":
+        step()
+        return
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream(device).wait_stream(side)
+
+
+def capture_step(step: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """``step`` recorded as a CUDA graph (recorded, not run) and its replay; off CUDA,
+    ``step`` itself."""
+    if device.type != "cuda":
+        return step
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 Forward = Callable[[torch.Tensor], torch.Tensor]

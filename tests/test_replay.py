@@ -188,9 +188,17 @@ def test_a_recorded_dataset_path_that_is_gone_asks_for_set(tmp_path: Path, capsy
     assert list((tmp_path / "out").iterdir()) == []  # no work, nothing left behind
 
 
-def test_only_input_locations_may_be_set(tmp_path: Path, capsys) -> None:
+def test_only_input_locations_and_launch_keys_may_be_set(tmp_path: Path, capsys) -> None:
     err = error_of([str(results_file(tmp_path)), "--set", "lr=0.1"], capsys)
-    assert "--set lr" in err and "dataset-path, init-model" in err
+    assert "--set lr" in err and "dataset-path, init-model, cuda-graphs" in err
+    # cuda-graphs: replaying an eager GPU record with graphs checks they change nothing
+    recorded = results_file(tmp_path, **{"drop-last": True})
+    config, _ = replay_config(read_recording(recorded), {"cuda-graphs": True},
+                              tmp_path / "out", DECLARED)  # fmt: skip
+    assert config["cuda-graphs"] is True
+    with pytest.raises(replay.ConfigError, match="cuda-graphs=True is not allowed"):
+        replay_config(read_recording(results_file(tmp_path)),  # ran before drop-last: false
+                      {"cuda-graphs": True}, tmp_path / "out", DECLARED)  # fmt: skip
 
 
 def test_a_key_this_app_does_not_declare_is_refused(tmp_path: Path, capsys) -> None:
@@ -363,6 +371,12 @@ def test_against_refuses_runs_of_different_configs_by_key(tmp_path: Path, capsys
     other = second_file(tmp_path, seed=1, lr=0.01)
     err = error_of([str(first), "--against", str(other)], capsys)
     assert "configs differ (seed=0 vs 1)" in err and "lr" not in err
+    # two runs apart only in how their steps were launched are one config's: compared
+    first = results_file(tmp_path, **{"cuda-graphs": False})
+    (tmp_path / "graphed").mkdir()
+    other = results_file(tmp_path / "graphed", **{"cuda-graphs": True})
+    assert main([str(first), "--against", str(other)]) == 0
+    assert "identical=true" in capsys.readouterr().out
 
 
 def test_against_refuses_another_number_of_clients_set_and_out(tmp_path: Path, capsys) -> None:

@@ -17,13 +17,16 @@ from torch.nn import functional as F  # noqa: N812
 from fedreg_app.config import ConfigError
 from fedreg_app.data import TEXT, DatasetInfo, TensorData, normalise
 from fedreg_app.models import BASE, HEAD_P, build_model
+from fedreg_app.registry import load_config
 from fedreg_app.training import (
     EVAL_BATCH_ENV,
     MIN_EVAL_BATCH,
     MomentumSGD,
+    _graphed_epochs,
     count_correct_each,
     eval_batch_size,
     eval_batches,
+    only_trainable,
     train_epochs,
 )
 
@@ -276,3 +279,78 @@ def test_with_drop_last_a_client_smaller_than_a_batch_does_not_move() -> None:
     assert all(torch.equal(trained[key], initial[key]) for key in initial)
     moved, _ = trained_by_us(data, drop_last=False)
     assert not all(torch.equal(moved[key], initial[key]) for key in initial)
+
+
+# ------------------------------------------------------------------ CUDA graphs
+def trained(data: TensorData, graphed: bool, frozen: tuple[str, ...] = ()) -> tuple[dict, int]:
+    """Three epochs of momentum SGD (its buffers kept from an earlier call, as a client's
+    persistent optimizer) on a seeded FedReG-shaped model, ``frozen`` groups not moving,
+    through the eager loop or the graphed one."""
+    model = build_model(DatasetInfo(10, 1, 28, 28), 2, seed=3, private_head=True)
+    moving = [p for n, p in model.named_parameters() if n.split(".")[0] not in frozen]
+    buffers = [torch.full_like(p, 0.01) for p in moving]
+    optimizer = MomentumSGD(moving, lr=0.05, momentum=0.9, buffers=buffers)
+
+    def loss_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        features = model.base(x)
+        return F.cross_entropy(model.head_g(features) + model.head_p(features), y)
+
+    generator = torch.Generator().manual_seed(5)
+    model.train()
+    with only_trainable(model, moving):
+        if graphed:
+            processed = _graphed_epochs(optimizer, loss_fn, data, 3, 10, generator, CPU)
+        else:
+            processed = train_epochs(model, moving, loss_fn, data, epochs=3, batch_size=10,
+                                     lr=0.05, momentum=0.9, generator=generator, device=CPU,
+                                     optimizer=optimizer, drop_last=True)  # fmt: skip
+    if graphed:  # no gradient left pointing into a capture's memory
+        assert all(p.grad is None for p in model.parameters())
+    return {k: v.clone() for k, v in model.state_dict().items()}, processed
+
+
+@pytest.mark.parametrize("frozen", [(), ("head_g",), (BASE, HEAD_P)])
+@pytest.mark.parametrize("inputs", ["pixels", "features"])
+def test_the_graphed_loop_trains_as_the_eager_one(frozen: tuple, inputs: str) -> None:
+    """``cuda-graphs``: the loop that captures a step and replays it gathers each batch
+    on the device, where the eager loop gathers it before the copy. Off CUDA its
+    "capture" is the step itself, so its order, shuffles, warm-up, momentum and frozen
+    groups are checked here against the eager loop, bit for bit (uint8 pixels and
+    float features alike); what a real capture changes is checked on a GPU
+    (``benchmarks/cuda_graphs.py``)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (47, 1, 28, 28), dtype=torch.uint8, generator=generator)
+    if inputs == "features":
+        x = normalise(x)  # floats: not normalised again, as FedRep's cached features
+    data = TensorData(x, torch.randint(0, 10, (47,), generator=generator))
+    eager, processed = trained(data, graphed=False, frozen=frozen)
+    graphed, processed_graphed = trained(data, graphed=True, frozen=frozen)
+    assert processed == processed_graphed == 3 * 40
+    assert all(torch.equal(eager[key], graphed[key]) for key in eager)
+    initial = build_model(DatasetInfo(10, 1, 28, 28), 2, seed=3, private_head=True)
+    for name, value in initial.state_dict().items():  # a frozen group did not move
+        assert torch.equal(graphed[name], value) == (name.split(".")[0] in frozen)
+
+
+def test_cuda_graphs_on_the_cpu_change_nothing_and_need_drop_last() -> None:
+    """The key applies where a client trains on CUDA: on the CPU the eager loop runs
+    (the same weights); with ``drop-last = false`` it is refused before any work,
+    naming the key (a replayed step has one batch size)."""
+    generator = torch.Generator().manual_seed(0)
+    data = TensorData(torch.randint(0, 256, (30, 1, 28, 28), dtype=torch.uint8,
+                                    generator=generator),
+                      torch.randint(0, 10, (30,), generator=generator))  # fmt: skip
+    runs = []
+    for cuda_graphs in (False, True):
+        model = build_model(DatasetInfo(10, 1, 28, 28), 1, seed=3)
+        train_epochs(model, list(model.parameters()),
+                     lambda x, y, model=model: F.cross_entropy(model(x), y),
+                     data, epochs=1, batch_size=10, lr=0.05, momentum=0.9,
+                     generator=torch.Generator().manual_seed(1), device=CPU, drop_last=True,
+                     cuda_graphs=cuda_graphs)  # fmt: skip
+        runs.append(model.state_dict())
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+    with pytest.raises(ConfigError, match=r"cuda-graphs=True is not allowed: expected false "
+                                          r"with drop-last = false"):  # fmt: skip
+        load_config({"cuda-graphs": True, "drop-last": False})
+    assert load_config({"cuda-graphs": True}).cuda_graphs is True
