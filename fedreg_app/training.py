@@ -277,6 +277,7 @@ def _graphed_epochs(
     batch = torch.empty(batch_size, dtype=torch.long, device=device)  # the capture's input
 
     def step() -> None:
+        optimizer.zero_grad()  # captured: the backward writes the gradients, not adds
         x, y = inputs.index_select(0, batch), labels.index_select(0, batch)
         loss_fn(normalise(x) if x.dtype == torch.uint8 else x, y).backward()
         optimizer.step()
@@ -287,7 +288,6 @@ def _graphed_epochs(
         order = torch.randperm(len(data), generator=generator)  # the eager loop's draw
         for indices in order[: steps * batch_size].to(device).view(steps, batch_size):
             batch.copy_(indices)
-            optimizer.zero_grad()  # a captured backward writes fresh gradients, as eager
             if replay is not None:
                 replay()
             elif done < GRAPH_WARMUP_STEPS:
@@ -296,7 +296,7 @@ def _graphed_epochs(
                 replay = capture_step(step, device)
                 replay()
             done += 1
-    optimizer.zero_grad()  # the capture's gradient buffers go with it
+    optimizer.zero_grad()  # no gradient left pointing into the capture's memory
     return done * batch_size
 
 
