@@ -298,8 +298,8 @@ class RunSpec:
         path, document = documents[-1]
         run = document.get("run", {})
         status = run.get("status") or "no status"
+        after = checkpoint_round(path.parent)
         if status == RUNNING:  # killed, or its last write failed (a full disk)
-            after = checkpoint_round(path.parent)
             then = "it has no checkpoint, so the same command starts it anew"
             if after:
                 then = f"its checkpoint is of round {after}, so the same command resumes it there"
@@ -307,6 +307,8 @@ class RunSpec:
                 "still 'running' when flwr run ended: the ServerApp ended without writing "
                 f"its status (see {self.folder / FLWR_LOG}); {then}"
             )
+        elif status == FAILED and after:  # retried from there once what it names is mended
+            status += f"; the same command retries it after round {after}"
         error = "\n" + textwrap.indent(f"error: {run['error']}", "    ") if run.get("error") else ""
         return f"{path.parent} ({status}){error}"
 
@@ -457,6 +459,8 @@ class Attempt:
     note: str | None = None
     problem: str | None = None
     status: str = ""
+    #: A failed run's error (its first line), the run retried from its checkpoint.
+    failed_with: str = ""
     #: Whether ``problem`` is one ``--restart-damaged`` starts anew: a folder that cannot be
     #: trusted (checkpoint, results.json, runner.json, clients' state) or data that changed
     #: (data that cannot be read stop the run whatever the flags).
@@ -610,14 +614,11 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     if changed:
         return _damaged(folder, changed, restart_damaged)
     note = f"resuming {folder} after round {checkpoint.round}"
+    failed_with = ""
     if status == FAILED and not marker.get("stopped"):
-        note += f" (it failed: {failure_line(document)})"
-    return Attempt(folder, checkpoint.round, note, status=status)
-
-
-def failure_line(document: dict[str, Any]) -> str:
-    """The first line of the error a failed record names."""
-    return first_line(str(document.get("run", {}).get("error", "")))
+        failed_with = first_line(str(document["run"].get("error", "")))
+        note += f" (it failed: {failed_with})"
+    return Attempt(folder, checkpoint.round, note, status=status, failed_with=failed_with)
 
 
 def data_change(checkpoint: Checkpoint, config: RunConfig) -> str | None:
@@ -674,8 +675,8 @@ def pending_state(spec: RunSpec, declared: dict[str, Any]) -> tuple[str, int]:
         why = f"; {stopped}" if stopped else ""
         if not stopped and attempt.status == RUNNING:
             why = "; its status says running: in progress now, or killed unawares"
-        if not stopped and attempt.status == FAILED:
-            why = f"; it failed: {failure_line(read_document(attempt.resume / 'results.json'))}"
+        if attempt.failed_with:
+            why = f"; it failed: {attempt.failed_with}"
         after = attempt.after_round
         return f"resumes after round {after}/{spec.num_rounds}{why}", after
     other = spec.other_setting()

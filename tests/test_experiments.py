@@ -1470,6 +1470,7 @@ def test_a_run_that_failed_when_its_data_vanished_resumes_from_its_checkpoint(
     assert "no train.parquet" in record["run"]["error"]
     failed_at = checkpoint_round(folder)
     assert 1 <= failed_at < 4 and len(record["rounds"]) == failed_at
+    assert f"(failed; the same command retries it after round {failed_at})" in printed
     assert (out / "tiny" / "fedreg" / "seed0" / "state").is_dir()  # kept for the retry
     (tmp_path / "away").rename(data)  # mended
     assert main([str(config), "--out", str(out), "--dry-run"]) == 0
