@@ -21,7 +21,7 @@ import io
 import os
 import shutil
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from logging import INFO
@@ -445,11 +445,31 @@ def split_digests(key: PartitionKey) -> dict[int, str]:
     the data at ``dataset-path`` were replaced by others of the same sizes (a lossy copy,
     a corrected file), on which a resume would continue the run's model. About 6 s for
     Fashion-MNIST's 70,000 images on this project's CPU machine."""
+    return digests_and_unions(key)[0]
+
+
+def digests_and_unions(
+    key: PartitionKey, keep: Collection[str] = ()
+) -> tuple[dict[int, str], dict[str, TensorData]]:
+    """:func:`split_digests`, and in the same pass the union of the splits named in
+    ``keep`` ("train", "test"), as :func:`load_union_split` gives it: a ServerApp that
+    trains (centralised) or evaluates on a union then decodes no image twice."""
+    unknown = set(keep) - {"train", "test"}
+    if unknown:
+        raise ValueError(f"no such split to keep: {sorted(unknown)}; expected 'train', 'test'")
     channels = load_info(key).channels
-    return {
-        pid: tensors_digest(*(_to_tensors(split[part], channels) for part in ("train", "test")))
-        for pid, split in enumerate(_every_split(key))
-    }
+    digests: dict[int, str] = {}
+    kept: dict[str, list[TensorData]] = {part: [] for part in keep}
+    for pid, split in enumerate(_every_split(key)):
+        decoded = {part: _to_tensors(split[part], channels) for part in ("train", "test")}
+        digests[pid] = tensors_digest(decoded["train"], decoded["test"])
+        for part, parts in kept.items():
+            parts.append(decoded[part])
+    return digests, {part: _concatenated(parts) for part, parts in kept.items()}
+
+
+def _concatenated(parts: Sequence[TensorData]) -> TensorData:
+    return TensorData(x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]))
 
 
 def data_digest(digests: dict[int, str]) -> str:
@@ -572,9 +592,8 @@ def load_union_split(key: PartitionKey, split: str) -> TensorData:
     """The union of every client's ``split`` ("train" or "test"), in partition order.
     Only that split is decoded: this is a ServerApp's own copy."""
     channels = load_info(key).channels
-    parts = [_to_tensors(client_splits(key, pid)[split], channels)
-             for pid in range(key.num_partitions)]  # fmt: skip
-    return TensorData(x=torch.cat([p.x for p in parts]), y=torch.cat([p.y for p in parts]))
+    return _concatenated([_to_tensors(client_splits(key, pid)[split], channels)
+                          for pid in range(key.num_partitions)])  # fmt: skip
 
 
 def load_union_test_set(key: PartitionKey) -> TensorData:

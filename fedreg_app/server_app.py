@@ -35,10 +35,9 @@ from fedreg_app.data import (
     PartitionKey,
     TensorData,
     data_digest,
+    digests_and_unions,
     federated_dataset,
     load_info,
-    load_union_test_set,
-    split_digests,
     split_sizes,
 )
 from fedreg_app.environment import describe_environment
@@ -867,7 +866,9 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     strategy.split_sizes = split_sizes(key)  # one partitioning, references' too
     if checkpoint is not None:  # before any training (and any decoding): the same sizes
         checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
-    digests = strategy.split_digests = split_digests(key)
+    digests, unions = digests_and_unions(key, strategy.server_splits())  # one decoding
+    strategy.split_digests = digests
+    strategy.keep_server_splits(unions)
     if config.init_model:  # every node's copy must be this file (its replies name theirs)
         strategy.init_model_digest = file_sha256(Path(config.init_model).expanduser())
     if checkpoint is not None:  # and the same samples
@@ -876,7 +877,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
             digests = {}  # (an earlier version's run, or another scheme's): no data_digest
     if config.dp_mode == "central":  # after split_sizes: the declarations are checked
         strategy.set_population_weights(query_weights(grid, partitions, strategy))
-    test_set = load_union_test_set(key) if strategy.global_evaluation == "server" else None
+    test_set = unions.get("test")  # only where the ServerApp evaluates the global model
     federated_dataset.cache_clear()  # the ServerApp needs no more of the dataset than this
     model = initial_model(info, config).to(server_device(config.device, strategy))
     strategy.prepare_model(model)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -69,6 +69,9 @@ from fedreg_app.protocol import (
 )
 from fedreg_app.records import from_record, to_record
 from fedreg_app.seeds import rng
+
+if TYPE_CHECKING:
+    from fedreg_app.data import TensorData
 
 
 def sample_size(num_clients: int, fraction: float) -> int:
@@ -623,6 +626,15 @@ class PersonalizedStrategy(Strategy):
         if not self.has_global_model:
             return "none"
         return "clients" if self.global_on_clients else "server"
+
+    def server_splits(self) -> tuple[str, ...]:
+        """The unions of the clients' splits the ServerApp needs decoded ("train",
+        "test"): it decodes them in the pass that digests the partitions."""
+        return ("test",) if self.global_evaluation == "server" else ()
+
+    def keep_server_splits(self, unions: dict[str, TensorData]) -> None:
+        """Keeps what :meth:`server_splits` asked for beyond the global test set (which
+        the ServerApp holds itself)."""
 
     def known_test_samples(self) -> int | None:
         """The size of the union test set, once every partition's split size is known."""

@@ -62,8 +62,16 @@ class CentralisedStrategy(PersonalizedStrategy):
 
     @cached_property
     def train_set(self) -> TensorData:
-        """The union of the clients' train splits, decoded on the first round."""
+        """The union of the clients' train splits (without a ServerApp to hand it over,
+        decoded on the first round)."""
         return load_union_split(self.partition_key, "train")
+
+    def server_splits(self) -> tuple[str, ...]:
+        return (*super().server_splits(), "train")
+
+    def keep_server_splits(self, unions: dict[str, TensorData]) -> None:
+        """The union of the train splits, decoded in the ServerApp's digest pass."""
+        self.train_set = unions["train"]
 
     @cached_property
     def model(self) -> SplitModel:

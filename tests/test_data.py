@@ -20,9 +20,11 @@ from fedreg_app.data import (
     client_splits,
     data_cache_folder,
     decode_client_data,
+    digests_and_unions,
     federated_dataset,
     load_client_data,
     load_info,
+    load_union_split,
     load_union_test_set,
     node_data,
     split_digests,
@@ -57,6 +59,20 @@ def test_split_is_75_25_and_union_is_all_test_splits(grey_dataset: Path) -> None
     union = load_union_test_set(key)
     assert len(union) == sum(len(c.test) for c in clients)
     assert torch.equal(union.y, torch.cat([c.test.y for c in clients]))
+
+
+def test_the_digest_pass_keeps_the_unions_a_serverapp_asks_for(grey_dataset: Path) -> None:
+    """One decoding gives the digests and the unions, equal to decoding them apart (the
+    centralised ServerApp trains on the train union, a server evaluation needs the test's)."""
+    key = key_for(grey_dataset)
+    digests, unions = digests_and_unions(key, ("train", "test"))
+    assert digests == split_digests(key)
+    for part in ("train", "test"):
+        apart = load_union_split(key, part)
+        assert torch.equal(unions[part].x, apart.x) and torch.equal(unions[part].y, apart.y)
+    assert digests_and_unions(key)[1] == {}  # nothing kept unless asked
+    with pytest.raises(ValueError, match="no such split to keep: \\['valid'\\]"):
+        digests_and_unions(key, ("valid",))
 
 
 def test_dirichlet_skews_labels(grey_dataset: Path) -> None:

@@ -93,6 +93,21 @@ def test_centralised_training_runs_in_the_server_on_the_union_of_train_splits(
     assert document["run"]["status"] == "completed"
 
 
+def test_the_centralised_serverapp_decodes_its_train_union_once(
+    grey_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The union it trains on comes from the pass that digests the partitions: decoding it
+    again at round 1 (load_union_split) would fail this run."""
+
+    def decoded_again(*args: object) -> None:
+        raise AssertionError("the train union was decoded a second time")
+
+    monkeypatch.setattr("strategies.centralised.load_union_split", decoded_again)
+    _, stopped = run_server(reference_config(grey_dataset, tmp_path, "centralised"))
+    assert stopped is None
+    assert the_run(tmp_path)["run"]["status"] == "completed"
+
+
 def test_a_resumed_centralised_run_equals_an_uninterrupted_one(
     grey_dataset: Path, tmp_path: Path
 ) -> None:
