@@ -702,16 +702,25 @@ def dry_run(specs: list[RunSpec], declared: dict[str, Any]) -> str:
 
 def expected_time(progress: Progress) -> str:
     """What the runs still to do are expected to take, by their cells' records on disk (the
-    median seconds of a round, this machine or another), or which cells have none."""
+    median seconds of a round, this machine or another); where some cells have none, which,
+    and what the others are expected to take (a lower bound on the whole, not a guess at
+    the cells with no record: Ditto's round costs twice FedAvg's)."""
     if not progress.open:
         return "nothing left to run"
     expected = progress.seconds_per_round()
-    unknown = {s.describe().rsplit(" seed ", 1)[0] for s in progress.open
-               if math.isnan(expected[cell_key(s)])}  # fmt: skip
-    if unknown:
-        named = sorted(unknown)[:3] + ([f"{len(unknown) - 3} more"] if len(unknown) > 3 else [])
-        return f"time left unknown: no record yet of {', '.join(named)}"
-    return f"about {_clock(progress.seconds_left())} left at the seconds a round of the records"
+    blind = [s for s in progress.open if math.isnan(expected[cell_key(s)])]
+    if not blind:
+        return f"about {_clock(progress.seconds_left())} left at the seconds a round of the records"
+    unknown = sorted({s.describe().rsplit(" seed ", 1)[0] for s in blind})
+    named = unknown[:3] + ([f"{len(unknown) - 3} more"] if len(unknown) > 3 else [])
+    said = f"time left unknown: no record yet of {', '.join(named)}"
+    known = [s for s in progress.open if not math.isnan(expected[cell_key(s)])]
+    if not known:
+        return said
+    seconds = sum((s.num_rounds - progress.ahead.get(id(s), 0)) * expected[cell_key(s)]
+                  for s in known)  # fmt: skip
+    runs = f"{len(known)} runs, by their" if len(known) > 1 else "run, by its"
+    return f"{said}; about {_clock(seconds)} for the other {runs} records"
 
 
 def _damaged(folder: Path, error: str, restart: bool) -> Attempt:

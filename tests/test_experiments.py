@@ -1168,6 +1168,27 @@ def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothin
     assert read_marker(broken) == {}
 
 
+def test_the_dry_run_times_the_cells_with_records_and_names_those_without(
+    tmp_path: Path, capsys
+) -> None:
+    """One cell has a finished seed (rounds of 2 s), the other no record: the time the
+    first cell's open seed needs is given for it alone, the other cell is named, and no
+    figure is made up for it."""
+    specs = plan([grid_experiment(tmp_path)], tmp_path / "out", DECLARED, {}, algos=("fedavg",))
+    first = [s for s in specs if s.cell == specs[0].cell]
+    write_results(first[0], "completed")
+    assert main([str(tmp_path / "t1.toml"), "--out", str(tmp_path / "out"), "--dry-run",
+                 "--algos", "fedavg"]) == 0  # fmt: skip
+    last = capsys.readouterr().out.splitlines()[-1]
+    rounds = first[1].num_rounds
+    assert last == (
+        f"grid {rounds}/{8 * rounds} rounds done in 8 runs; time left unknown: no record yet "
+        "of t1 fedavg augment=auto threshold=max, t1 fedavg augment=simple threshold=max, "
+        "t1 fedavg augment=simple threshold=mean; about "
+        f"{experiments._clock(rounds * 2.0)} for the other run, by its records"
+    )
+
+
 @pytest.mark.parametrize(
     ("marker", "problem"),
     [
