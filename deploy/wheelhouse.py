@@ -209,9 +209,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    replaced = {canonical(name) for name in args.replace}
     have = read_have(args.have.read_text()) if args.have else {}
+    have = {name: version for name, version in have.items() if name not in replaced}
     requirements = project_requirements(ROOT / "pyproject.toml", args.extra)
-    have = {name: v for name, v in have.items() if name not in {canonical(r) for r in args.replace}}
     target = target_environment(args.python_version, args.platform)
     carry, kept = needed(resolve(requirements, args), requirements, have, target)
     for left in kept:

@@ -708,19 +708,18 @@ def expected_time(progress: Progress) -> str:
     if not progress.open:
         return "nothing left to run"
     expected = progress.seconds_per_round()
-    blind = [s for s in progress.open if math.isnan(expected[cell_key(s)])]
-    if not blind:
+    known = [s for s in progress.open if not math.isnan(expected[cell_key(s)])]
+    if len(known) == len(progress.open):
         return f"about {_clock(progress.seconds_left())} left at the seconds a round of the records"
-    unknown = sorted({s.describe().rsplit(" seed ", 1)[0] for s in blind})
+    timed = {id(s) for s in known}
+    unknown = sorted({s.describe().rsplit(" seed ", 1)[0] for s in progress.open
+                      if id(s) not in timed})  # fmt: skip
     named = unknown[:3] + ([f"{len(unknown) - 3} more"] if len(unknown) > 3 else [])
     said = f"time left unknown: no record yet of {', '.join(named)}"
-    known = [s for s in progress.open if not math.isnan(expected[cell_key(s)])]
     if not known:
         return said
-    seconds = sum((s.num_rounds - progress.ahead.get(id(s), 0)) * expected[cell_key(s)]
-                  for s in known)  # fmt: skip
     runs = f"{len(known)} runs, by their" if len(known) > 1 else "run, by its"
-    return f"{said}; about {_clock(seconds)} for the other {runs} records"
+    return f"{said}; about {_clock(progress.seconds_left(runs=known))} for the other {runs} records"
 
 
 def _damaged(folder: Path, error: str, restart: bool) -> Attempt:
@@ -891,15 +890,21 @@ class Progress:
                 starts += self.starts[key]
         return max(0.0, extra / starts) if starts else 0.0
 
-    def seconds_left(self, spec: RunSpec | None = None, rounds_in_run: int = 0) -> float:
-        """The estimate of the time the open runs still need (NaN while unknown); ``spec``:
-        the run in progress, with ``rounds_in_run`` done."""
+    def seconds_left(
+        self,
+        spec: RunSpec | None = None,
+        rounds_in_run: int = 0,
+        runs: Sequence[RunSpec] | None = None,
+    ) -> float:
+        """The estimate of the time the open runs (or those of them in ``runs``) still need
+        (NaN while unknown); ``spec``: the run in progress, with ``rounds_in_run`` done."""
         expected = self.seconds_per_round(spec, rounds_in_run)
-        to_start = sum(1 for s in self.open if s is not spec)
+        runs = self.open if runs is None else runs
+        to_start = sum(1 for s in runs if s is not spec)
         return to_start * self.start_up_seconds(spec, rounds_in_run) + sum(
             (s.num_rounds - (rounds_in_run if s is spec else self._ahead(s)))
             * expected[cell_key(s)]
-            for s in self.open
+            for s in runs
         )
 
     def line(self, index: int, total: int, spec: RunSpec, rounds_in_run: int) -> str:
