@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -173,6 +174,41 @@ def target_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
+def editable_requirements(build_system: dict, backend_site: Path, project: Path) -> list[str]:
+    """What the build backend asks for, beyond itself, to install ``project`` in editable
+    mode (PEP 660's ``get_requires_for_build_editable``; hatchling's is ``editables``).
+    ``pip install --no-build-isolation -e .`` on the target installs none of it, so the
+    wheelhouse must carry it. The backend is imported from ``backend_site`` (a folder it
+    is installed in) in a fresh interpreter run in ``project``; a backend without the hook
+    asks for nothing."""
+    module, _, attribute = build_system["build-backend"].partition(":")
+    ask = (
+        "import importlib, json\n"
+        f"backend = importlib.import_module({module!r})\n"
+        + (f"backend = getattr(backend, {attribute!r})\n" if attribute else "")
+        + "hook = getattr(backend, 'get_requires_for_build_editable', None)\n"
+        "print(json.dumps(list(hook()) if hook else []))"
+    )
+    paths = [str(backend_site), *(str(project / p) for p in build_system.get("backend-path", []))]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    done = subprocess.run([sys.executable, "-c", ask], cwd=project, env=environment,
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"the build backend {build_system['build-backend']} failed to say "
+                         f"what an editable install needs:\n{done.stderr.strip()}")  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def backend_editable_requirements(project: Path) -> list[str]:
+    """``editable_requirements`` with the backend installed here, in a temporary folder,
+    for this machine's Python (the hook only reads the project's configuration)."""
+    build_system = tomllib.loads((project / "pyproject.toml").read_text())["build-system"]
+    with tempfile.TemporaryDirectory() as tmp:
+        pip(["install", "--quiet", "--no-warn-conflicts", "--target", tmp,
+             *build_system["requires"]])  # fmt: skip
+        return editable_requirements(build_system, Path(tmp), project)
+
+
 def resolve(requirements: list[str], args: argparse.Namespace) -> dict:
     """pip's installation report of ``requirements`` for the target."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     have = read_have(args.have.read_text()) if args.have else {}
     have = {name: version for name, version in have.items() if name not in replaced}
     requirements = project_requirements(ROOT / "pyproject.toml", args.extra)
+    requirements += backend_editable_requirements(ROOT)
     target = target_environment(args.python_version, args.platform)
     carry, kept = needed(resolve(requirements, args), requirements, have, target)
     for left in kept:

@@ -133,3 +133,39 @@ def test_a_python_version_that_is_not_3_n_is_refused(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         wheelhouse.parse_args(["out", "--python-version", "312", "--platform", "any"])
     assert "--python-version='312' is not allowed: expected 3.N" in capsys.readouterr().err
+
+
+def fake_backend(folder: Path, body: str) -> Path:
+    """A build backend module ``fakebackend`` in ``folder`` (as if installed there)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "fakebackend.py").write_text(body)
+    return folder
+
+
+def test_the_editable_install_carries_what_the_backend_asks_for(tmp_path: Path) -> None:
+    """``pip install --no-build-isolation -e .`` installs no build requirement: what the
+    backend's PEP 660 hook names (hatchling: ``editables``) must be among the wheels,
+    read from the backend run in the project's folder."""
+    site = fake_backend(tmp_path / "site", (
+        "import os\n"
+        "def get_requires_for_build_editable(config_settings=None):\n"
+        "    return ['editables~=0.3', 'from-' + os.path.basename(os.getcwd())]\n"
+    ))  # fmt: skip
+    project = tmp_path / "myproject"
+    project.mkdir()
+    build_system = {"requires": ["fakebackend"], "build-backend": "fakebackend"}
+    asked = wheelhouse.editable_requirements(build_system, site, project)
+    assert asked == ["editables~=0.3", "from-myproject"]
+
+
+def test_a_backend_without_the_editable_hook_asks_for_nothing(tmp_path: Path) -> None:
+    site = fake_backend(tmp_path / "site", "def build_wheel(*args):\n    pass\n")
+    build_system = {"requires": ["fakebackend"], "build-backend": "fakebackend"}
+    assert wheelhouse.editable_requirements(build_system, site, tmp_path) == []
+
+
+def test_a_backend_that_fails_is_named(tmp_path: Path) -> None:
+    site = fake_backend(tmp_path / "site", "raise RuntimeError('no config')\n")
+    build_system = {"requires": ["fakebackend"], "build-backend": "fakebackend:api"}
+    with pytest.raises(SystemExit, match="(?s)fakebackend:api failed.*no config"):
+        wheelhouse.editable_requirements(build_system, site, tmp_path)
