@@ -84,6 +84,7 @@ from fedreg_app.metrics import (  # noqa: E402
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
 from fedreg_app.registry import algorithm_names, load_config  # noqa: E402
+from fedreg_app.round_tables import rounds_report  # noqa: E402
 
 CELL_SEPARATOR = "__"
 
@@ -112,6 +113,7 @@ UNFINISHED_NOTE = (
 #: The personal figures a report can show: every client's (the sources'), or only those
 #: of the clients that had trained at least once.
 PERSONAL_FIGURES = ("all", "sampled")
+DEFAULT_VERSUS = "fedreg"  # rounds.md's reference cell: the product's method
 SAMPLED_NOTE = (
     "P sampled: the personal accuracy over the clients that had trained at least once by "
     "that round (best round; the all-client P includes never-sampled clients)"
@@ -1139,12 +1141,15 @@ def write_report(
     personal: str = "all",
     unfinished: bool = False,
     papers: Sequence[PaperCells] = (),
+    versus: str | None = None,
 ) -> list[Path]:
     """Tables and plots for every finished run (completed or degraded) under ``root`` (or
     under each of several roots, see :func:`scan_roots`); the table says which seed
     folders were left out and why. ``personal`` picks the personal figure shown (one of
     ``PERSONAL_FIGURES``); ``unfinished`` keeps unfinished runs of seeds with no finished
-    one, marked, with their rounds done under the table."""
+    one, marked, with their rounds done under the table. ``rounds.md`` compares each cell
+    round by round with ``versus`` (a cell; by default FedReG's, where it ran), and a
+    ``versus`` that names no cell of the runs is refused."""
     roots = [root] if isinstance(root, Path) else list(root)
     collection = scan_roots(roots, unfinished)
     results, skipped = collection.results, collection.skipped_note(roots)
@@ -1154,8 +1159,12 @@ def write_report(
             f"{', '.join(map(str, roots))}: no {kinds} results.json under */*/seed*/ or "
             "*/*/seed*/*/" + (f"\n{skipped}" if skipped else "")
         )
+    cells = sorted({r.cell for r in results})
+    if versus is not None and versus not in cells:
+        raise ConfigError(f"--versus={versus!r} is not a cell of these runs: expected one of "
+                          f"{', '.join(cells)}")  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "table.md", out / "costs.md", out / "runs.md"]
+    written = [out / "table.md", out / "costs.md", out / "runs.md", out / "rounds.md"]
     table = paper_table(results, personal)
     progress = collection.unfinished_note()
     compared = [paper_comparison(results, paper, personal) for paper in papers]
@@ -1163,6 +1172,7 @@ def write_report(
     written[0].write_text("\n\n".join(filter(None, parts)) + "\n")
     written[1].write_text(cost_table(results) + "\n")
     written[2].write_text(provenance_table(results) + "\n")
+    written[3].write_text(rounds_report(results, versus or DEFAULT_VERSUS, personal))
     published = {paper.experiment: paper for paper in papers}
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
@@ -1240,6 +1250,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a config file with an [experiment.paper] table (e.g. configs/table2_fmnist.toml): "
         "the table also shows the published figures beside ours (repeatable)",
     )  # fmt: skip
+    parser.add_argument(
+        "--versus", metavar="CELL",
+        help="the cell rounds.md compares every other cell with, round by round on the same "
+        f"seed (default: {DEFAULT_VERSUS}, where it ran), e.g. fedrod",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         papers = [read_paper_cells(path) for path in args.paper]
@@ -1247,7 +1262,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--out is needed with {len(args.root)} roots: where to write "
                               "their one report")  # fmt: skip
         out = args.out or args.root[0] / "report"
-        written = write_report(args.root, out, args.personal, args.unfinished, papers)
+        written = write_report(args.root, out, args.personal, args.unfinished, papers,
+                               args.versus)  # fmt: skip
     except (FileNotFoundError, ConfigError) as err:
         parser.error(str(err))
     print(written[0].read_text())

@@ -54,10 +54,13 @@ def fake_run(
     answered: tuple[float | None, ...] | None = None,
     error: str | None = None,
     config: dict | None = None,
+    sampled: list[list[int]] | None = None,
+    digest: str | None = None,
 ) -> None:
     """A results.json in the runner's layout; ``answered`` gives a degraded run's
     per-round personal accuracy over the clients that answered; ``config`` changes the
-    recorded config."""
+    recorded config; ``sampled`` (clients drawn per round) and ``digest`` (the data's)
+    are recorded where given."""
     folder = root / experiment / cell / f"seed{seed}" / run  # run="": the committed layout
     folder.mkdir(parents=True)
     answered = answered or personals
@@ -78,6 +81,8 @@ def fake_run(
         "train_bytes_to_clients": 2_000_000,
         "train_bytes_from_clients": 1_000_000,
     }
+    for record, drawn in zip(rounds, sampled or [], strict=False):
+        record["sampled_clients"] = drawn
     for record in rounds[:1]:
         record.update(traffic)  # the totals are the rounds' sums, as the writer makes them
     if status == "degraded":  # as the writer decides it: some round had a failed reply
@@ -92,7 +97,8 @@ def fake_run(
                    # as of today
                    "dirichlet-balance": True, "drop-last": True, "optimizer-state": "persistent",
                    **(config or {})},
-        "run": {"status": status, "num_clients": clients, **({"error": error} if error else {})},
+        "run": {"status": status, "num_clients": clients, **({"error": error} if error else {}),
+                **({"data_digest": digest} if digest else {})},
         "rounds": rounds,
         **{f"total_{key}": value if rounds else 0 for key, value in traffic.items()},
         "best_global_accuracy": max((g for g in globals_ if g is not None), default=None),
@@ -163,8 +169,8 @@ def test_report_writes_table_curves_and_figure_7(tmp_path: Path) -> None:
     written = write_report(tmp_path / "runs", tmp_path / "report")
     names = sorted(p.name for p in written)
     assert names == ["c30_accuracy.png", "c50_accuracy.png", "costs.md",
-                     "log_ratio_vs_clients.png", "runs.md", "table.md"]  # fmt: skip
-    for path in written[3:]:
+                     "log_ratio_vs_clients.png", "rounds.md", "runs.md", "table.md"]  # fmt: skip
+    for path in written[4:]:
         with Image.open(path) as image:
             assert image.format == "PNG" and image.width > 400 and image.height > 300
 
@@ -221,6 +227,7 @@ def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
         "table.md",
         "costs.md",
         "runs.md",
+        "rounds.md",
         "smoke_accuracy.png",
     ]
 
@@ -1029,3 +1036,71 @@ def test_several_roots_make_one_report_and_a_seed_under_two_is_refused(
     assert str(gpu / "table2" / "fedrep" / "seed0") in err
     assert str(cpu / "table2" / "fedrep" / "seed0") in err
     assert not (tmp_path / "both").exists()
+
+
+def rounds_rows(report: Path, heading: str) -> dict[str, list[str]]:
+    """The rows of one table of rounds.md, by cell: their cells after the cell column."""
+    table = report.read_text().split(f"### {heading}")[1].split("###")[0]
+    rows = [line.strip("|").split("|") for line in table.splitlines() if line.startswith("| t ")]
+    return {row[2].strip(): [c.strip() for c in row[3:]] for row in rows}
+
+
+def test_rounds_md_pairs_each_cell_with_fedreg_round_by_round(tmp_path: Path) -> None:
+    """FedReG's G is above FedAvg's in 3 of 4 rounds (by +10, −10, +20, +10 points: +7.50
+    on average), its P in 3 (+30, +20, +10, −10: +12.50); the same clients and data, so
+    the pairing holds. A cell drawn on other
+    clients, or other data, is paired but says it does not hold."""
+    drawn = [[0, 1], [2, 3], [1, 4], [0, 3]]
+    fake_run(tmp_path / "runs", "t", "fedreg", 0, globals_=(0.6, 0.5, 0.9, 0.8),
+             personals=(0.8, 0.8, 0.8, 0.8), sampled=drawn, digest="d1")  # fmt: skip
+    fake_run(tmp_path / "runs", "t", "fedavg", 0, globals_=(0.5, 0.6, 0.7, 0.7),
+             personals=(0.5, 0.6, 0.7, 0.9), sampled=drawn, digest="d1")  # fmt: skip
+    fake_run(tmp_path / "runs", "t", "fedprox", 0, globals_=(0.5, 0.6, 0.7, 0.7),
+             personals=(0.5, 0.6, 0.7, 0.9), sampled=[[0, 1], [2, 3], [1, 2], [0, 4]],
+             digest="d1")  # fmt: skip
+    fake_run(tmp_path / "runs", "t", "fedrod", 0, globals_=(0.5, 0.6, 0.7, 0.7),
+             personals=(0.5, 0.6, 0.7, 0.9), sampled=drawn, digest="d2")  # fmt: skip
+    written = write_report(tmp_path / "runs", tmp_path / "report")
+    rows = rounds_rows(tmp_path / "report" / "rounds.md", "Round by round against fedreg")
+    assert set(rows) == {"fedavg", "fedprox", "fedrod"}  # not fedreg against itself
+    assert rows["fedavg"][:5] == ["yes", "3/4", "+7.50", "3/4", "+12.50"]
+    assert rows["fedprox"][0] == "no: other clients in 2 of 4 rounds"
+    assert rows["fedrod"][0] == "no: other data"
+    assert tmp_path / "report" / "rounds.md" in written
+
+
+def test_rounds_md_says_how_much_each_run_swings_after_half_its_rounds(tmp_path: Path) -> None:
+    """Rounds 3-4 of 4: G 0.7 and 0.9 give median 80.00, lowest 70.00, std 14.14."""
+    fake_run(tmp_path / "runs", "t", "fedreg", 0, globals_=(0.1, 0.2, 0.7, 0.9),
+             personals=(0.5, 0.5, 0.6, 0.6))  # fmt: skip
+    write_report(tmp_path / "runs", tmp_path / "report")
+    rows = rounds_rows(tmp_path / "report" / "rounds.md", "The second half of the rounds")
+    assert rows["fedreg"] == ["3-4", "80.00 / 70.00 / 14.14", "60.00 / 60.00 / 0.00"]
+    rounds = (tmp_path / "report" / "rounds.md").read_text()
+    assert "No other cell ran on a seed of fedreg's" in rounds
+
+
+def test_rounds_md_correlates_the_round_to_round_changes() -> None:
+    """Two runs that rise and fall in the same rounds correlate at 1, opposite ones at −1."""
+    from fedreg_app.round_tables import changes_correlation
+
+    together = [(1, 0.5, 0.4), (2, 0.7, 0.5), (3, 0.6, 0.45), (4, 0.9, 0.6)]
+    opposite = [(k, a, -b) for k, a, b in together]
+    assert changes_correlation(together) == "1.00"
+    assert changes_correlation(opposite) == "-1.00"
+    assert changes_correlation(together[:3]) == "–"  # two changes say nothing
+
+
+def test_report_versus_names_its_cell_and_refuses_one_that_did_not_run(
+    tmp_path: Path, capsys
+) -> None:
+    fake_run(tmp_path / "runs", "t", "fedreg", 0)
+    fake_run(tmp_path / "runs", "t", "fedrod", 0)
+    assert main([str(tmp_path / "runs"), "--versus", "fedrod"]) == 0
+    rounds = (tmp_path / "runs" / "report" / "rounds.md").read_text()
+    assert "### Round by round against fedrod" in rounds and "| fedreg |" in rounds
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "runs"), "--versus", "fedrep", "--out", str(tmp_path / "r2")])
+    err = capsys.readouterr().err
+    assert "--versus='fedrep' is not a cell of these runs: expected one of fedreg, fedrod" in err
+    assert not (tmp_path / "r2").exists()  # refused before anything is written

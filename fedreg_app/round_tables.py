@@ -1,0 +1,177 @@
+"""Round-by-round tables of a report (``rounds.md``): each cell against a reference cell
+on the same seed, and how much each run's accuracy swings over the second half of its
+rounds.
+
+Why: a paper's cell is the best of its rounds, which rewards a curve that swings up. Two
+methods whose best figures are a few tenths apart may differ much more round by round;
+with one seed's partition and the same clients drawn each round (the seeded sampler), a
+round-by-round comparison is paired and says which leads how often. These tables make
+the figures that ``docs/results.md`` quotes ("above in 21 of the 100 rounds") a command
+anyone can rerun, not a one-off script.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+GLOBAL = "global_accuracy"
+
+
+class RunResult(Protocol):
+    """What these tables read of a report's run (``reports.RunResult``; a protocol, so
+    that the report imports this module and not the other way round)."""
+
+    experiment: str
+    cell: str
+    seed: int
+    document: dict[str, Any]
+
+    def series(self, metric: str, answered: bool = False) -> tuple[list[int], list[float]]: ...
+
+
+def personal_metric(personal: str) -> str:
+    """The per-round personal accuracy a report shows (``all`` or ``sampled``)."""
+    return "personal_accuracy" + ("" if personal == "all" else f"_{personal}")
+
+
+def paired(reference: RunResult, other: RunResult, metric: str) -> list[tuple[int, float, float]]:
+    """(round, reference's value, other's value) for every round both evaluated."""
+    theirs = dict(zip(*other.series(metric), strict=True))
+    return [(k, v, theirs[k]) for k, v in zip(*reference.series(metric), strict=True)
+            if k in theirs]  # fmt: skip
+
+
+def same_data_and_clients(reference: RunResult, other: RunResult) -> str:
+    """Whether the pairing holds: the same data (``run.data_digest``) and the same clients
+    drawn in each round both recorded (``sampled_clients``). Records that lack either say
+    what is not known rather than pass for a match."""
+    digests = [r.document.get("run", {}).get("data_digest") for r in (reference, other)]
+    if None not in digests and digests[0] != digests[1]:
+        return "no: other data"
+    drawn = [{rec["round"]: rec.get("sampled_clients") for rec in r.document["rounds"]}
+             for r in (reference, other)]  # fmt: skip
+    common = [k for k in drawn[0] if k in drawn[1]
+              and drawn[0][k] is not None and drawn[1][k] is not None]  # fmt: skip
+    differ = sum(sorted(drawn[0][k]) != sorted(drawn[1][k]) for k in common)
+    if differ:
+        return f"no: other clients in {differ} of {len(common)} rounds"
+    if None in digests or not common:
+        return "not recorded"
+    return "yes"
+
+
+def _above(pairs: Sequence[tuple[int, float, float]]) -> tuple[str, str]:
+    """``N/M`` rounds where the reference is strictly above, and the mean difference in
+    points (reference − other)."""
+    if not pairs:
+        return "–", "–"
+    above = sum(mine > theirs for _, mine, theirs in pairs)
+    mean = 100 * statistics.fmean(mine - theirs for _, mine, theirs in pairs)
+    return f"{above}/{len(pairs)}", f"{mean:+.2f}"
+
+
+def changes_correlation(pairs: Sequence[tuple[int, float, float]]) -> str:
+    """Pearson correlation of the two runs' changes from one evaluated round to the next
+    (consecutive rounds only): near 1, they rise and fall in the same rounds, so their
+    swings come from what the rounds share (the clients drawn), not from either method."""
+    steps = [(b[1] - a[1], b[2] - a[2]) for a, b in zip(pairs, pairs[1:], strict=False)
+             if b[0] == a[0] + 1]  # fmt: skip
+    if len(steps) < 3:
+        return "–"
+    mine, theirs = zip(*steps, strict=True)
+    spread = statistics.pstdev(mine) * statistics.pstdev(theirs)
+    if spread == 0:
+        return "–"
+    mean_mine, mean_theirs = statistics.fmean(mine), statistics.fmean(theirs)
+    covariance = statistics.fmean((a - mean_mine) * (b - mean_theirs) for a, b in steps)
+    return f"{covariance / spread:.2f}"
+
+
+def versus_table(results: Sequence[RunResult], reference: str, personal: str = "all") -> str:
+    """Each cell against ``reference`` (a cell name) on the same experiment and seed:
+    rounds where the reference is above and the mean difference, for G and P, whether
+    the pairing holds, and how their round-to-round changes correlate (G). Empty when no
+    run of ``reference`` is among ``results``."""
+    metric = personal_metric(personal)
+    rows = []
+    keyed = {(r.experiment, r.seed, r.cell): r for r in results}
+    for (experiment, seed, cell), run in keyed.items():
+        mine = keyed.get((experiment, seed, reference))
+        if cell == reference or mine is None:
+            continue
+        g_pairs, p_pairs = paired(mine, run, GLOBAL), paired(mine, run, metric)
+        g_above, g_mean = _above(g_pairs)
+        p_above, p_mean = _above(p_pairs)
+        rows.append(f"| {experiment} | {seed} | {cell.replace('__', ' ')} | "
+                    f"{same_data_and_clients(mine, run)} | {g_above} | {g_mean} | "
+                    f"{p_above} | {p_mean} | {changes_correlation(g_pairs)} |")  # fmt: skip
+    if not rows:
+        return ""
+    p_name = "P" if personal == "all" else "P (trained clients)"
+    return "\n".join([
+        f"### Round by round against {reference}",
+        "",
+        f"Rounds where {reference}'s accuracy is above the cell's, of the rounds both "
+        f"evaluated, and the mean difference in points ({reference} − cell); "
+        "*same data and clients*: the pairing holds (data digest, clients drawn each "
+        "round); *G changes corr.*: correlation of the two runs' round-to-round changes "
+        "of G (near 1: they rise and fall in the same rounds).",
+        "",
+        f"| experiment | seed | cell | same data and clients | G: {reference} above | "
+        f"G: mean diff | {p_name}: {reference} above | {p_name}: mean diff | "
+        "G changes corr. |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+    ])  # fmt: skip
+
+
+def _spread(values: Sequence[float]) -> str:
+    """``median / lowest / std`` in percent of a run's values (sample std, as the
+    tables' ``± std``; none of one value)."""
+    if not values:
+        return "–"
+    points = [100 * v for v in values]
+    spread = f"{statistics.stdev(points):.2f}" if len(points) > 1 else "–"
+    return f"{statistics.median(points):.2f} / {min(points):.2f} / {spread}"
+
+
+def second_half_table(results: Sequence[RunResult], personal: str = "all") -> str:
+    """How much each run swings once it has settled: median, lowest and std of G and P
+    over the rounds after half its configured rounds (rounds 51-100 of 100)."""
+    metric = personal_metric(personal)
+    rows = []
+    for run in results:
+        total = run.document.get("config", {}).get("num-server-rounds")
+        half = math.ceil(total / 2) if isinstance(total, int) and total > 1 else 0
+        values = {m: [v for k, v in zip(*run.series(m), strict=True) if k > half]
+                  for m in (GLOBAL, metric)}  # fmt: skip
+        rows.append(f"| {run.experiment} | {run.seed} | {run.cell.replace('__', ' ')} | "
+                    f"{half + 1}-{total} | {_spread(values[GLOBAL])} | "
+                    f"{_spread(values[metric])} |")  # fmt: skip
+    p_name = "P" if personal == "all" else "P (trained clients)"
+    return "\n".join([
+        "### The second half of the rounds",
+        "",
+        "Median / lowest / std (points) of each run's per-round accuracy over the rounds "
+        "after half its configured rounds: the best figure of a run that swings says "
+        "less about a round picked at random.",
+        "",
+        f"| experiment | seed | cell | rounds | G: median / lowest / std | "
+        f"{p_name}: median / lowest / std |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ])  # fmt: skip
+
+
+def rounds_report(results: Sequence[RunResult], reference: str, personal: str = "all") -> str:
+    """``rounds.md``: the table against ``reference`` (when it ran) and the second-half
+    table."""
+    ran = any(r.cell == reference for r in results)
+    versus = versus_table(results, reference, personal) or (
+        f"No other cell ran on a seed of {reference}'s: nothing to compare round by round."
+        if ran else f"No run of {reference} to compare the cells with round by round."
+    )  # fmt: skip
+    return f"{versus}\n\n{second_half_table(results, personal)}\n"
