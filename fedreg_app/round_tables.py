@@ -58,9 +58,11 @@ def same_data_and_clients(reference: RunResult, other: RunResult) -> str:
     differ = sum(sorted(drawn[0][k]) != sorted(drawn[1][k]) for k in common)
     if differ:
         return f"no: other clients in {differ} of {len(common)} rounds"
-    if None in digests or not common:
+    if None in digests and not common:
         return "not recorded"
-    return "yes"
+    if None in digests:
+        return "same clients; data not recorded"
+    return "same data; clients not recorded" if not common else "yes"
 
 
 def _above(pairs: Sequence[tuple[int, float, float]]) -> tuple[str, str]:

@@ -1066,6 +1066,13 @@ def test_rounds_md_pairs_each_cell_with_fedreg_round_by_round(tmp_path: Path) ->
     assert rows["fedavg"][:5] == ["yes", "3/4", "+7.50", "3/4", "+12.50"]
     assert rows["fedprox"][0] == "no: other clients in 2 of 4 rounds"
     assert rows["fedrod"][0] == "no: other data"
+    fake_run(tmp_path / "old", "t", "fedreg", 0, sampled=drawn[:3])
+    fake_run(tmp_path / "old", "t", "fedavg", 0, sampled=drawn[:3])
+    fake_run(tmp_path / "old", "t", "fedper", 0)
+    write_report(tmp_path / "old", tmp_path / "old_report")
+    old = rounds_rows(tmp_path / "old_report" / "rounds.md", "Round by round against fedreg")
+    assert old["fedavg"][0] == "same clients; data not recorded"  # a record before digests
+    assert old["fedper"][0] == "not recorded"
     assert tmp_path / "report" / "rounds.md" in written
 
 
