@@ -96,7 +96,7 @@ def versus_table(results: Sequence[RunResult], reference: str, personal: str = "
     """Each cell against ``reference`` (a cell name) on the same experiment and seed:
     rounds where the reference is above and the mean difference, for G and P, whether
     the pairing holds, and how their round-to-round changes correlate (G). Empty when no
-    run of ``reference`` is among ``results``."""
+    other cell ran on a seed of ``reference``'s."""
     metric = personal_metric(personal)
     rows = []
     keyed = {(r.experiment, r.seed, r.cell): r for r in results}
@@ -147,11 +147,12 @@ def second_half_table(results: Sequence[RunResult], personal: str = "all") -> st
     rows = []
     for run in results:
         total = run.document.get("config", {}).get("num-server-rounds")
-        half = math.ceil(total / 2) if isinstance(total, int) and total > 1 else 0
+        known = isinstance(total, int) and not isinstance(total, bool) and total > 1
+        half = math.ceil(total / 2) if known else 0
         values = {m: [v for k, v in zip(*run.series(m), strict=True) if k > half]
                   for m in (GLOBAL, metric)}  # fmt: skip
         rows.append(f"| {run.experiment} | {run.seed} | {run.cell.replace('__', ' ')} | "
-                    f"{half + 1}-{total} | {_spread(values[GLOBAL])} | "
+                    f"{f'{half + 1}-{total}' if known else 'all'} | {_spread(values[GLOBAL])} | "
                     f"{_spread(values[metric])} |")  # fmt: skip
     p_name = "P" if personal == "all" else "P (trained clients)"
     return "\n".join([
