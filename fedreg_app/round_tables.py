@@ -92,22 +92,37 @@ def changes_correlation(pairs: Sequence[tuple[int, float, float]]) -> str:
     return f"{covariance / spread:.2f}"
 
 
+def reference_for(run: RunResult, references: Sequence[RunResult]) -> RunResult | None:
+    """The reference run ``run`` is compared with: the one of its experiment and seed, else
+    one of another experiment on its seed whose pairing with it holds (the same data and
+    the same clients each round: a variant run apart, say), else none."""
+    same_seed = [r for r in references if r.seed == run.seed]
+    own = [r for r in same_seed if r.experiment == run.experiment]
+    if own:
+        return own[0]
+    return next((r for r in same_seed if same_data_and_clients(r, run) == "yes"), None)
+
+
 def versus_table(results: Sequence[RunResult], reference: str, personal: str = "all") -> str:
-    """Each cell against ``reference`` (a cell name) on the same experiment and seed:
-    rounds where the reference is above and the mean difference, for G and P, whether
-    the pairing holds, and how their round-to-round changes correlate (G). Empty when no
-    other cell ran on a seed of ``reference``'s."""
+    """Each cell against ``reference`` (a cell name) on the same seed (of its experiment,
+    or of another whose pairing holds, named in the cell column): rounds where the
+    reference is above and the mean difference, for G and P, whether the pairing holds,
+    and how their round-to-round changes correlate (G). Empty when no other cell ran on a
+    seed of ``reference``'s."""
     metric = personal_metric(personal)
     rows = []
-    keyed = {(r.experiment, r.seed, r.cell): r for r in results}
-    for (experiment, seed, cell), run in keyed.items():
-        mine = keyed.get((experiment, seed, reference))
-        if cell == reference or mine is None:
+    references = [r for r in results if r.cell == reference]
+    for run in results:
+        mine = None if run.cell == reference else reference_for(run, references)
+        if mine is None:
             continue
         g_pairs, p_pairs = paired(mine, run, GLOBAL), paired(mine, run, metric)
         g_above, g_mean = _above(g_pairs)
         p_above, p_mean = _above(p_pairs)
-        rows.append(f"| {experiment} | {seed} | {cell.replace('__', ' ')} | "
+        cell = run.cell.replace("__", " ")
+        if mine.experiment != run.experiment:
+            cell += f" (against {mine.experiment}'s)"
+        rows.append(f"| {run.experiment} | {run.seed} | {cell} | "
                     f"{same_data_and_clients(mine, run)} | {g_above} | {g_mean} | "
                     f"{p_above} | {p_mean} | {changes_correlation(g_pairs)} |")  # fmt: skip
     if not rows:

@@ -1111,3 +1111,25 @@ def test_report_versus_names_its_cell_and_refuses_one_that_did_not_run(
     err = capsys.readouterr().err
     assert "--versus='fedrep' is not a cell of these runs: expected one of fedreg, fedrod" in err
     assert not (tmp_path / "r2").exists()  # refused before anything is written
+
+
+def test_a_variant_run_apart_pairs_with_fedreg_only_where_the_pairing_holds(
+    tmp_path: Path,
+) -> None:
+    """Options run as their own experiment (configs/table2_fmnist_fedreg_options.toml) are
+    compared with the defaults' FedReG of the same seed when they drew the same data and
+    clients, and named so; one on other clients is not paired with it."""
+    drawn = [[0, 1], [2, 3], [1, 4]]
+    fake_run(tmp_path / "defaults", "t", "fedreg", 0, sampled=drawn, digest="d1")
+    fake_run(tmp_path / "options", "t_options", "fedreg__variant-fresh", 0,
+             globals_=(0.4, 0.5, 0.6), sampled=drawn, digest="d1")  # fmt: skip
+    fake_run(tmp_path / "options", "t_options", "fedreg__variant-other", 0,
+             sampled=[[0, 1], [2, 3], [1, 2]], digest="d1")  # fmt: skip
+    write_report([tmp_path / "defaults", tmp_path / "options"], tmp_path / "report")
+    text = (tmp_path / "report" / "rounds.md").read_text()
+    table = text.split("### Round by round against fedreg")[1].split("###")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| t")]
+    assert rows == [
+        "| t_options | 0 | fedreg variant-fresh (against t's) | yes | 3/3 | +10.00 | 0/3 | "
+        "+0.00 | – |"
+    ]  # three rounds give two changes: too few to correlate
