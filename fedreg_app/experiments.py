@@ -708,12 +708,13 @@ def expected_time(progress: Progress) -> str:
     if not progress.open:
         return "nothing left to run"
     expected = progress.seconds_per_round()
-    known = [s for s in progress.open if not math.isnan(expected[cell_key(s)])]
-    if len(known) == len(progress.open):
+    known: list[RunSpec] = []
+    blind: list[RunSpec] = []
+    for spec in progress.open:
+        (blind if math.isnan(expected[cell_key(spec)]) else known).append(spec)
+    if not blind:
         return f"about {_clock(progress.seconds_left())} left at the seconds a round of the records"
-    timed = {id(s) for s in known}
-    unknown = sorted({s.describe().rsplit(" seed ", 1)[0] for s in progress.open
-                      if id(s) not in timed})  # fmt: skip
+    unknown = sorted({s.describe().rsplit(" seed ", 1)[0] for s in blind})
     named = unknown[:3] + ([f"{len(unknown) - 3} more"] if len(unknown) > 3 else [])
     said = f"time left unknown: no record yet of {', '.join(named)}"
     if not known:

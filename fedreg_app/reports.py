@@ -84,7 +84,7 @@ from fedreg_app.metrics import (  # noqa: E402
 from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
 from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
 from fedreg_app.registry import algorithm_names, load_config  # noqa: E402
-from fedreg_app.round_tables import rounds_report  # noqa: E402
+from fedreg_app.round_tables import personal_metric, rounds_report  # noqa: E402
 
 CELL_SEPARATOR = "__"
 
@@ -971,13 +971,13 @@ def plot_accuracy_curves(
     labelled ``†`` and a note under the figure says so. ``personal="sampled"``: the
     personal curve is over the clients that had trained by each round. With ``paper``,
     each cell's published G and P are dashed lines in the cell's colour."""
-    personal_metric = "personal_accuracy" + ("" if personal == "all" else f"_{personal}")
+    personal_series = personal_metric(personal)
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     cells = by_key(results, lambda r: r.cell)
     colours = plt.get_cmap("tab10" if len(cells) <= 10 else "tab20")
     for index, (cell, runs) in enumerate(cells.items()):
         degraded = sum(r.degraded for r in runs)
-        for axis, metric in zip(axes, ("global_accuracy", personal_metric), strict=True):
+        for axis, metric in zip(axes, ("global_accuracy", personal_series), strict=True):
             band = _mean_band(runs, metric, answered=degraded > 0)
             if band is None:
                 continue

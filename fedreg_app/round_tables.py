@@ -37,6 +37,15 @@ def personal_metric(personal: str) -> str:
     return "personal_accuracy" + ("" if personal == "all" else f"_{personal}")
 
 
+def _personal_name(personal: str) -> str:
+    return "P" if personal == "all" else "P (trained clients)"
+
+
+def _shown(cell: str) -> str:
+    """A cell folder name as the report's tables show it (``reports.CELL_SEPARATOR``)."""
+    return cell.replace("__", " ")
+
+
 def paired(reference: RunResult, other: RunResult, metric: str) -> list[tuple[int, float, float]]:
     """(round, reference's value, other's value) for every round both evaluated."""
     theirs = dict(zip(*other.series(metric), strict=True))
@@ -119,7 +128,7 @@ def versus_table(results: Sequence[RunResult], reference: str, personal: str = "
         g_pairs, p_pairs = paired(mine, run, GLOBAL), paired(mine, run, metric)
         g_above, g_mean = _above(g_pairs)
         p_above, p_mean = _above(p_pairs)
-        cell = run.cell.replace("__", " ")
+        cell = _shown(run.cell)
         if mine.experiment != run.experiment:
             cell += f" (against {mine.experiment}'s)"
         rows.append(f"| {run.experiment} | {run.seed} | {cell} | "
@@ -127,7 +136,7 @@ def versus_table(results: Sequence[RunResult], reference: str, personal: str = "
                     f"{p_above} | {p_mean} | {changes_correlation(g_pairs)} |")  # fmt: skip
     if not rows:
         return ""
-    p_name = "P" if personal == "all" else "P (trained clients)"
+    p_name = _personal_name(personal)
     return "\n".join([
         f"### Round by round against {reference}",
         "",
@@ -166,10 +175,10 @@ def second_half_table(results: Sequence[RunResult], personal: str = "all") -> st
         half = math.ceil(total / 2) if known else 0
         values = {m: [v for k, v in zip(*run.series(m), strict=True) if k > half]
                   for m in (GLOBAL, metric)}  # fmt: skip
-        rows.append(f"| {run.experiment} | {run.seed} | {run.cell.replace('__', ' ')} | "
+        rows.append(f"| {run.experiment} | {run.seed} | {_shown(run.cell)} | "
                     f"{f'{half + 1}-{total}' if known else 'all'} | {_spread(values[GLOBAL])} | "
                     f"{_spread(values[metric])} |")  # fmt: skip
-    p_name = "P" if personal == "all" else "P (trained clients)"
+    p_name = _personal_name(personal)
     return "\n".join([
         "### The second half of the rounds",
         "",
