@@ -531,7 +531,7 @@ class ResultsWriter:
             "rounds": [asdict(r) for r in self.rounds],
             **self.summary(),
         }
-        self._written = json_text(document)  # what the file now holds, for seal()
+        self._written = results_text(document)  # what the file now holds, for seal()
         write_text_atomic(self.json_path, self._written, shared=True)
         buffer = io.StringIO()
         writer = csv.writer(buffer)
@@ -539,6 +539,27 @@ class ResultsWriter:
         for r in self.rounds:
             writer.writerow(["" if getattr(r, c) is None else getattr(r, c) for c in CSV_COLUMNS])
         write_text_atomic(self.folder / "rounds.csv", buffer.getvalue(), shared=True)
+
+
+def results_text(document: dict[str, Any]) -> str:
+    """A results.json's text: indented, each round on one line."""
+    return json_text(document, rows="rounds")
+
+
+def relayout_results(path: Path) -> bool:
+    """Rewrite a results.json written by an earlier version (fully indented) in this
+    version's layout (:func:`results_text`), atomically; its parsed value, and so its
+    seal and every figure, is unchanged. False, and nothing written, when it already is
+    in that layout. Raises what reading or parsing it raises."""
+    text = path.read_text()
+    document = json.loads(text)
+    relaid = results_text(document)
+    if relaid == text:
+        return False
+    if json.loads(relaid) != document:  # a NaN token of an old file, say: keep the file
+        raise ValueError(f"{path}: its value would change in the new layout; left as is")
+    write_text_atomic(path, relaid, shared=True)
+    return True
 
 
 #: Run info: the sha256 of the ``init-model`` file a run began from (absent without one);
@@ -648,7 +669,7 @@ def mark_stopped(folder: Path, reason: str, checkpoint_round: int) -> bool:
     run.pop("finished", None)
     run.pop("error", None)
     run.update(status=STOPPED, stopped=stopped)
-    write_text_atomic(path, json_text(document), shared=True)
+    write_text_atomic(path, results_text(document), shared=True)
     return True
 
 

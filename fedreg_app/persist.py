@@ -129,9 +129,28 @@ def finite_only(value: Any, where: str = "") -> Any:
     return value
 
 
-def json_text(document: Any) -> str:
-    """Strict JSON (no NaN or Infinity tokens), indented, as every file here is written."""
-    return json.dumps(finite_only(document), indent=2, allow_nan=False)
+def json_text(document: Any, rows: str | None = None) -> str:
+    """Strict JSON (no NaN or Infinity tokens), indented, as every file here is written.
+    ``rows``: the key of a top-level list whose items are written one to a line, compact
+    (results.json's rounds: a full-scale record is a third smaller than fully indented,
+    and a diff shows which rounds changed). The parsed value is the same either way."""
+    document = finite_only(document)
+    if rows is None or not isinstance(document, dict) or not document.get(rows):
+        return json.dumps(document, indent=2, allow_nan=False)
+    fields = []
+    for key, value in document.items():
+        if key == rows and isinstance(value, list):
+            items = ",\n".join(f"    {compact_json(item)}" for item in value)
+            body = f"[\n{items}\n  ]"
+        else:
+            body = json.dumps(value, indent=2, allow_nan=False).replace("\n", "\n  ")
+        fields.append(f"  {json.dumps(key)}: {body}")
+    return "{\n" + ",\n".join(fields) + "\n}"
+
+
+def compact_json(value: Any) -> str:
+    """One line of strict JSON, without spaces."""
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 
 def save_json(path: Path, document: Any) -> None:

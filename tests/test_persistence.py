@@ -19,7 +19,13 @@ from fedreg_app.checkpoint import Checkpoint, clients_record
 from fedreg_app.config import ConfigError, RunConfig
 from fedreg_app.data import PartitionKey, data_cache_folder, node_data
 from fedreg_app.experiments import RUNNER_LOCK, exclusive_out
-from fedreg_app.metrics import ResultsWriter, RoundRecord, mark_stopped
+from fedreg_app.metrics import (
+    ResultsWriter,
+    RoundRecord,
+    kept_rounds_problem,
+    mark_stopped,
+    relayout_results,
+)
 from fedreg_app.partition_map import PartitionMap
 from fedreg_app.persist import (
     RUN_FOLDER_LOCK,
@@ -252,6 +258,41 @@ def test_a_stopped_run_says_so_keeps_its_rounds_and_resumes_to_completed(
     (tmp_path / "torn" / "results.json").write_text('{"run": {"stat')
     assert not mark_stopped(tmp_path / "torn", "stopped by SIGINT", 1)
     assert not mark_stopped(tmp_path / "absent", "stopped by SIGINT", 1)
+
+
+def test_results_json_holds_each_round_on_one_line_and_old_files_relay_unchanged(
+    tmp_path: Path,
+) -> None:
+    """A full-scale record was 0.6 MB fully indented: each round is one compact line now,
+    the rest indented. An earlier version's file rewritten in this layout parses to the
+    same value, so the checkpoint's seal still matches and a resume keeps its rounds; a
+    non-finite number is written as null, as before."""
+    writer = ResultsWriter(tmp_path / "run", {"algo": "fedreg"}, {"run_id": 7})
+    hosts = {str(k): {"hostname": "vm", "ray-actor": f"a{k}"} for k in range(3)}
+    for k in (1, 2, 3):
+        writer.add(RoundRecord(k, 0.1 * k, float("nan"), 0.0, 1.0, 1.0, 10, client_hosts=hosts))
+    seal = writer.seal()
+    path = tmp_path / "run" / "results.json"
+    text = path.read_text()
+    lines = text.splitlines()
+    round_lines = [line for line in lines if line.lstrip().startswith('{"round":')]
+    assert len(round_lines) == 3 and all(line.startswith("    {") for line in round_lines)
+    assert '  "config": {\n    "algo": "fedreg"\n  }' in text  # the rest indented
+    document = json.loads(text)
+    assert [r["personal_accuracy"] for r in document["rounds"]] == [None, None, None]
+    assert document["rounds"][2]["client_hosts"] == hosts
+    # an earlier version's layout: fully indented, the same value
+    path.write_text(json.dumps(document, indent=2))
+    assert relayout_results(path)
+    assert path.read_text() == text and json.loads(path.read_text()) == document
+    assert not relayout_results(path)  # already in this layout: not rewritten
+    assert kept_rounds_problem(json.loads(path.read_text()), 3, seal) is None
+    resumed = ResultsWriter.resume(
+        tmp_path / "run", {"algo": "fedreg"}, {"run_id": 9}, 3, seal=seal
+    )
+    assert [r.round for r in resumed.rounds] == [1, 2, 3]
+    assert mark_stopped(tmp_path / "run", "stopped by SIGTERM", 3)
+    assert sum(line.lstrip().startswith('{"round":') for line in path.read_text().splitlines()) == 3
 
 
 def test_skewed_participation_favours_some_clients_and_is_seeded() -> None:
