@@ -166,29 +166,40 @@ def _spread(values: Sequence[float]) -> str:
 
 def second_half_table(results: Sequence[RunResult], personal: str = "all") -> str:
     """How much each run swings once it has settled: median, lowest and std of G and P
-    over the rounds after half its configured rounds (rounds 51-100 of 100)."""
+    over the rounds after half its configured rounds (rounds 51-100 of 100), and how
+    closely P's round-to-round changes follow G's there. A personal prediction that adds
+    the global head's logits (FedReG's head_g(z) + head_p(z)) moves with the global
+    model, for the clients not drawn too: the swings of G that the drawn clients cause
+    reach every client's P (FedRoD's prediction has the same form, but its
+    balanced-softmax global head hardly swings)."""
     metric = personal_metric(personal)
     rows = []
     for run in results:
         total = run.document.get("config", {}).get("num-server-rounds")
         known = isinstance(total, int) and not isinstance(total, bool) and total > 1
         half = math.ceil(total / 2) if known else 0
-        values = {m: [v for k, v in zip(*run.series(m), strict=True) if k > half]
-                  for m in (GLOBAL, metric)}  # fmt: skip
+        late = {m: {k: v for k, v in zip(*run.series(m), strict=True) if k > half}
+                for m in (GLOBAL, metric)}  # fmt: skip
+        both = [(k, g, late[metric][k]) for k, g in late[GLOBAL].items() if k in late[metric]]
         rows.append(f"| {run.experiment} | {run.seed} | {_shown(run.cell)} | "
-                    f"{f'{half + 1}-{total}' if known else 'all'} | {_spread(values[GLOBAL])} | "
-                    f"{_spread(values[metric])} |")  # fmt: skip
+                    f"{f'{half + 1}-{total}' if known else 'all'} | "
+                    f"{_spread(list(late[GLOBAL].values()))} | "
+                    f"{_spread(list(late[metric].values()))} | "
+                    f"{changes_correlation(both)} |")  # fmt: skip
     p_name = _personal_name(personal)
     return "\n".join([
         "### The second half of the rounds",
         "",
         "Median / lowest / std (points) of each run's per-round accuracy over the rounds "
         "after half its configured rounds: the best figure of a run that swings says "
-        "less about a round picked at random.",
+        f"less about a round picked at random. *{p_name} follows G*: correlation of "
+        f"the round-to-round changes of {p_name} and G over those rounds (1.00 where "
+        f"{p_name} is G; near 1 for a personal prediction that moves with the global "
+        "model).",
         "",
         f"| experiment | seed | cell | rounds | G: median / lowest / std | "
-        f"{p_name}: median / lowest / std |",
-        "|---|---|---|---|---|---|",
+        f"{p_name}: median / lowest / std | {p_name} follows G |",
+        "|---|---|---|---|---|---|---|",
         *rows,
     ])  # fmt: skip
 

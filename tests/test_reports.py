@@ -1077,12 +1077,23 @@ def test_rounds_md_pairs_each_cell_with_fedreg_round_by_round(tmp_path: Path) ->
 
 
 def test_rounds_md_says_how_much_each_run_swings_after_half_its_rounds(tmp_path: Path) -> None:
-    """Rounds 3-4 of 4: G 0.7 and 0.9 give median 80.00, lowest 70.00, std 14.14."""
+    """Rounds 3-4 of 4: G 0.7 and 0.9 give median 80.00, lowest 70.00, std 14.14 (one
+    change of G and P in those rounds: too few to correlate). Over rounds 5-8 of 8, a P
+    that moves with G follows it at 1.00, one that moves against it at -1.00."""
     fake_run(tmp_path / "runs", "t", "fedreg", 0, globals_=(0.1, 0.2, 0.7, 0.9),
              personals=(0.5, 0.5, 0.6, 0.6))  # fmt: skip
     write_report(tmp_path / "runs", tmp_path / "report")
     rows = rounds_rows(tmp_path / "report" / "rounds.md", "The second half of the rounds")
-    assert rows["fedreg"] == ["3-4", "80.00 / 70.00 / 14.14", "60.00 / 60.00 / 0.00"]
+    assert rows["fedreg"] == ["3-4", "80.00 / 70.00 / 14.14", "60.00 / 60.00 / 0.00", "–"]
+    globals_ = (0.1, 0.2, 0.3, 0.4, 0.8, 0.6, 0.9, 0.5)
+    fake_run(tmp_path / "long", "t", "fedreg", 0, globals_=globals_,
+             personals=tuple(0.1 + g / 2 for g in globals_))  # fmt: skip
+    fake_run(tmp_path / "long", "t", "fedrod", 0, globals_=globals_,
+             personals=tuple(0.9 - g / 4 for g in globals_))  # fmt: skip
+    write_report(tmp_path / "long", tmp_path / "long_report")
+    rows = rounds_rows(tmp_path / "long_report" / "rounds.md", "The second half of the rounds")
+    assert (rows["fedreg"][0], rows["fedreg"][3]) == ("5-8", "1.00")
+    assert rows["fedrod"][3] == "-1.00"
     rounds = (tmp_path / "report" / "rounds.md").read_text()
     assert "No other cell ran on a seed of fedreg's" in rounds
 
