@@ -333,9 +333,12 @@ def plan(
     overrides: dict[str, Any],
     seeds: int | None = None,
     algos: tuple[str, ...] | None = None,
+    variants: tuple[str, ...] | None = None,
 ) -> list[RunSpec]:
     """All runs, validated before any starts (a bad value fails the whole plan). Seed-major:
-    every cell's first seed comes first, so a partially finished grid already compares."""
+    every cell's first seed comes first, so a partially finished grid already compares.
+    ``variants`` keeps only those named variants of each file (a run of one variant lands
+    in the folder the whole file would give it, so reports pair it as before)."""
     specs = []
     check_runner_keys(overrides)
     for experiment in experiments:
@@ -347,9 +350,37 @@ def plan(
                 raise ConfigError(f"{experiment.name}: {str(err).replace('--set ', '')}") from None
         if algos:
             experiment = Experiment(**{**experiment.__dict__, "algos": algos})
+        if variants:
+            chosen = chosen_variants(experiment, variants)
+            experiment = Experiment(**{**experiment.__dict__, "variants": chosen})
         for seed, cell in itertools.product(range(seeds or experiment.seeds), experiment.cells()):
             specs.append(run_spec(experiment, cell, seed, out, declared, overrides))
     return one_run_a_folder(specs)
+
+
+def names_list(flag: str, text: str | None) -> tuple[str, ...] | None:
+    """A comma-separated list of names from the command line; None when the flag is absent
+    (the file's own list). An empty name is refused: ``--algos ''`` once ran every one."""
+    if text is None:
+        return None
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise ConfigError(f"{flag}={text!r} is not allowed: expected names separated by commas "
+                          f"(leave {flag} out for the file's)")  # fmt: skip
+    return names
+
+
+def chosen_variants(experiment: Experiment, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """The named variants of ``experiment``, in the file's order; a name the file does not
+    define is refused with the names it does (a typo would otherwise run nothing)."""
+    unknown = [name for name in names if name not in experiment.variants]
+    if unknown:
+        defined = ", ".join(experiment.variants) or "none: the file has no [experiment.variants]"
+        raise ConfigError(
+            f"--variants={','.join(names)!r} is not allowed: {experiment.name} defines no "
+            f"variant {', '.join(map(repr, unknown))} (its variants: {defined})"
+        )
+    return {name: overrides for name, overrides in experiment.variants.items() if name in names}
 
 
 def one_run_a_folder(specs: list[RunSpec]) -> list[RunSpec]:
@@ -1347,6 +1378,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("configs", nargs="+", type=Path, help="config files (configs/*.toml)")
     parser.add_argument("--seeds", type=int, help="seeds per cell (default: the file's)")
     parser.add_argument("--algos", help="comma-separated algorithms (default: the file's)")
+    parser.add_argument("--variants", help="comma-separated variant names: run only these "
+                        "of each file's [experiment.variants] (default: all)")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key in every run (repeatable)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("experiments"), help="results root")
@@ -1372,11 +1405,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = declared_overrides(args.set, declared)
         experiments = [Experiment.load(path, declared) for path in args.configs]
-        algos = None if args.algos is None else tuple(a.strip() for a in args.algos.split(","))
-        if algos is not None and not all(algos):
-            raise ConfigError(f"--algos={args.algos!r} is not allowed: expected algorithm names "
-                              "separated by commas (leave --algos out for the file's)")  # fmt: skip
-        specs = plan(experiments, args.out, declared, overrides, args.seeds, algos)
+        algos = names_list("--algos", args.algos)
+        variants = names_list("--variants", args.variants)
+        specs = plan(experiments, args.out, declared, overrides, args.seeds, algos, variants)
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
         parser.error(str(err))
     except UnicodeDecodeError as err:

@@ -322,6 +322,7 @@ def test_an_unknown_set_key_names_the_closest_declared_key(tmp_path: Path, capsy
         (["--seeds", "-1"], "--seeds=-1 is not allowed"),  # before: 0 runs, exit 0
         (["--seeds", "0"], "--seeds=0 is not allowed"),  # before: the file's seeds
         (["--algos", ""], "--algos='' is not allowed"),  # before: every algorithm
+        (["--variants", "a,"], "--variants='a,' is not allowed"),
         (["--set", "resume=/some/run"], "resume=... is not allowed: the runner resumes"),
         (["--set", "seed=5"], "seed=... is not allowed: --seeds"),  # before: ignored
         (["--set", "results-dir=/x"], "results-dir=... is not allowed: --out"),
@@ -727,6 +728,38 @@ variants = { fedreg = {}, a = { fedreg-head-weight = "original" }, fedavg = { al
     assert "fedreg-head-weight" not in specs[0].run_config
     assert specs[2].run_config["algo"] == "fedavg"
     assert specs[1].folder.parent.name == "fedreg__variant-a"
+
+
+def test_variants_flag_runs_the_named_variants_in_the_folders_of_the_whole_file(
+    tmp_path: Path, capsys
+) -> None:
+    """`--variants a` runs one variant of a file (a full-scale option study advanced one
+    option per session) where the whole file would put it, so a report pairs it as before;
+    a name the file does not define is refused, naming the ones it does."""
+    config = write(
+        tmp_path / "t6.toml",
+        """
+[experiment]
+clients = 20
+variants = { fedreg = {}, a = { fedreg-head-weight = "original" }, b = { lr = 0.1 } }
+""",
+    )
+    experiment = Experiment.load(config, DECLARED)
+    every = plan([experiment], tmp_path, DECLARED, {})
+    chosen = plan([experiment], tmp_path, DECLARED, {}, variants=("b", "a"))
+    assert [s.cell["variant"] for s in chosen] == ["a", "b"]  # the file's order
+    assert [s.folder for s in chosen] == [every[1].folder, every[2].folder]
+    assert [s.run_config for s in chosen] == [every[1].run_config, every[2].run_config]
+    unknown = r"t6 defines no variant 'c' \(its variants: fedreg, a, b\)"
+    with pytest.raises(ConfigError, match=unknown):
+        plan([experiment], tmp_path, DECLARED, {}, variants=("a", "c"))
+    plain = grid_experiment(tmp_path)
+    with pytest.raises(ConfigError, match="its variants: none: the file has no"):
+        plan([plain], tmp_path, DECLARED, {}, variants=("a",))
+    assert main([str(config), "--variants", "a", "--dry-run", "--seeds", "1",
+                 "--out", str(tmp_path / "o")]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and "variant=a seed 0" in lines[0]
 
 
 # ------------------------------------------------- resuming interrupted runs
