@@ -152,11 +152,9 @@ def test_server_sigkilled_mid_round_then_resumed_matches_an_uninterrupted_run(
     2's training, as soon as one client has committed its round-2 state and before the
     server's round-2 checkpoint; resume from the checkpoint: every round's accuracies
     equal the uninterrupted run's. One client at a time (2 CPUs each), so the kill lands
-    between the two clients of the round: the second client's training (two epochs, a few
-    seconds) is the window, against a poll of 5 ms. Ten epochs made this test a tenth of
-    CI's time (CI time, session 38)."""
+    between the two clients of the round."""
     common = (
-        f"algo='fedreg' dataset-path='{grey_dataset}' local-epochs=2 fraction-train=0.5 "
+        f"algo='fedreg' dataset-path='{grey_dataset}' local-epochs=10 fraction-train=0.5 "
         "min-partition-size=5 seed=11 num-server-rounds=3"
     )
     whole, part = tmp_path / "whole", tmp_path / "part"
