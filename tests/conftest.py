@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tests.fake_data import write_image_dataset, write_text_dataset  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # `pytest -n 2` (README: optional, not what CI runs): two workers on two cores. With
+    # `pytest -n 2` (README's test command, which CI runs): two workers on two cores. With
     # torch's default of one intra-op thread per core, each would run two threads on a
     # shared core and wait on the other's; one thread each keeps both cores busy.
     import torch
