@@ -84,6 +84,26 @@ def _above(pairs: Sequence[tuple[int, float, float]]) -> tuple[str, str]:
     return f"{above}/{len(pairs)}", f"{mean:+.2f}"
 
 
+def configured_half(run: RunResult) -> int | None:
+    """Half the rounds ``run`` was configured for (rounded up): rounds up to it are the
+    first half; ``None`` where the record does not say a number of rounds above one."""
+    total = run.document.get("config", {}).get("num-server-rounds")
+    if not isinstance(total, int) or isinstance(total, bool) or total < 2:
+        return None
+    return math.ceil(total / 2)
+
+
+def _halves(pairs: Sequence[tuple[int, float, float]], half: int | None) -> str:
+    """The mean difference in points (reference − other) over the rounds of each half,
+    ``first / second``: an option whose effect fades (a head left stale early, say) shows
+    it here, where the whole run's mean blurs it."""
+    if half is None or not pairs:
+        return "–"
+    parts = [[mine - theirs for k, mine, theirs in pairs if (k <= half) == first]
+             for first in (True, False)]  # fmt: skip
+    return " / ".join(f"{100 * statistics.fmean(p):+.2f}" if p else "–" for p in parts)
+
+
 def changes_correlation(pairs: Sequence[tuple[int, float, float]]) -> str:
     """Pearson correlation of the two runs' changes from one evaluated round to the next
     (consecutive rounds only): near 1, they rise and fall in the same rounds, so their
@@ -128,12 +148,14 @@ def versus_table(results: Sequence[RunResult], reference: str, personal: str = "
         g_pairs, p_pairs = paired(mine, run, GLOBAL), paired(mine, run, metric)
         g_above, g_mean = _above(g_pairs)
         p_above, p_mean = _above(p_pairs)
+        half = configured_half(mine)
         cell = _shown(run.cell)
         if mine.experiment != run.experiment:
             cell += f" (against {mine.experiment}'s)"
         rows.append(f"| {run.experiment} | {run.seed} | {cell} | "
                     f"{same_data_and_clients(mine, run)} | {g_above} | {g_mean} | "
-                    f"{p_above} | {p_mean} | {changes_correlation(g_pairs)} |")  # fmt: skip
+                    f"{_halves(g_pairs, half)} | {p_above} | {p_mean} | "
+                    f"{_halves(p_pairs, half)} | {changes_correlation(g_pairs)} |")  # fmt: skip
     if not rows:
         return ""
     p_name = _personal_name(personal)
@@ -143,13 +165,15 @@ def versus_table(results: Sequence[RunResult], reference: str, personal: str = "
         f"Rounds where {reference}'s accuracy is above the cell's, of the rounds both "
         f"evaluated, and the mean difference in points ({reference} − cell); "
         "*same data and clients*: the pairing holds (data digest, clients drawn each "
-        "round); *G changes corr.*: correlation of the two runs' round-to-round changes "
-        "of G (near 1: they rise and fall in the same rounds).",
+        "round); *by half*: the mean difference over the first and the second half of "
+        f"{reference}'s configured rounds (rounds 1-50 / 51-100 of 100); *G changes "
+        "corr.*: correlation of the two runs' round-to-round changes of G (near 1: they "
+        "rise and fall in the same rounds).",
         "",
         f"| experiment | seed | cell | same data and clients | G: {reference} above | "
-        f"G: mean diff | {p_name}: {reference} above | {p_name}: mean diff | "
-        "G changes corr. |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"G: mean diff | G: by half | {p_name}: {reference} above | {p_name}: mean diff | "
+        f"{p_name}: by half | G changes corr. |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
     ])  # fmt: skip
 
@@ -175,14 +199,13 @@ def second_half_table(results: Sequence[RunResult], personal: str = "all") -> st
     metric = personal_metric(personal)
     rows = []
     for run in results:
+        half = configured_half(run)
         total = run.document.get("config", {}).get("num-server-rounds")
-        known = isinstance(total, int) and not isinstance(total, bool) and total > 1
-        half = math.ceil(total / 2) if known else 0
-        late = {m: {k: v for k, v in zip(*run.series(m), strict=True) if k > half}
+        late = {m: {k: v for k, v in zip(*run.series(m), strict=True) if k > (half or 0)}
                 for m in (GLOBAL, metric)}  # fmt: skip
         both = [(k, g, late[metric][k]) for k, g in late[GLOBAL].items() if k in late[metric]]
         rows.append(f"| {run.experiment} | {run.seed} | {_shown(run.cell)} | "
-                    f"{f'{half + 1}-{total}' if known else 'all'} | "
+                    f"{'all' if half is None else f'{half + 1}-{total}'} | "
                     f"{_spread(list(late[GLOBAL].values()))} | "
                     f"{_spread(list(late[metric].values()))} | "
                     f"{changes_correlation(both)} |")  # fmt: skip

@@ -1047,9 +1047,9 @@ def rounds_rows(report: Path, heading: str) -> dict[str, list[str]]:
 
 def test_rounds_md_pairs_each_cell_with_fedreg_round_by_round(tmp_path: Path) -> None:
     """FedReG's G is above FedAvg's in 3 of 4 rounds (by +10, −10, +20, +10 points: +7.50
-    on average), its P in 3 (+30, +20, +10, −10: +12.50); the same clients and data, so
-    the pairing holds. A cell drawn on other
-    clients, or other data, is paired but says it does not hold."""
+    on average; +0.00 over rounds 1-2, +15.00 over 3-4), its P in 3 (+30, +20, +10, −10:
+    +12.50; +25.00 then +0.00); the same clients and data, so the pairing holds. A cell
+    drawn on other clients, or other data, is paired but says it does not hold."""
     drawn = [[0, 1], [2, 3], [1, 4], [0, 3]]
     fake_run(tmp_path / "runs", "t", "fedreg", 0, globals_=(0.6, 0.5, 0.9, 0.8),
              personals=(0.8, 0.8, 0.8, 0.8), sampled=drawn, digest="d1")  # fmt: skip
@@ -1063,7 +1063,8 @@ def test_rounds_md_pairs_each_cell_with_fedreg_round_by_round(tmp_path: Path) ->
     written = write_report(tmp_path / "runs", tmp_path / "report")
     rows = rounds_rows(tmp_path / "report" / "rounds.md", "Round by round against fedreg")
     assert set(rows) == {"fedavg", "fedprox", "fedrod"}  # not fedreg against itself
-    assert rows["fedavg"][:5] == ["yes", "3/4", "+7.50", "3/4", "+12.50"]
+    assert rows["fedavg"][:7] == ["yes", "3/4", "+7.50", "+0.00 / +15.00", "3/4", "+12.50",
+                                  "+25.00 / +0.00"]  # fmt: skip
     assert rows["fedprox"][0] == "no: other clients in 2 of 4 rounds"
     assert rows["fedrod"][0] == "no: other data"
     fake_run(tmp_path / "old", "t", "fedreg", 0, sampled=drawn[:3])
@@ -1141,6 +1142,6 @@ def test_a_variant_run_apart_pairs_with_fedreg_only_where_the_pairing_holds(
     table = text.split("### Round by round against fedreg")[1].split("###")[0]
     rows = [line for line in table.splitlines() if line.startswith("| t")]
     assert rows == [
-        "| t_options | 0 | fedreg variant-fresh (against t's) | yes | 3/3 | +10.00 | 0/3 | "
-        "+0.00 | – |"
+        "| t_options | 0 | fedreg variant-fresh (against t's) | yes | 3/3 | +10.00 | "
+        "+10.00 / +10.00 | 0/3 | +0.00 | +0.00 / +0.00 | – |"
     ]  # three rounds give two changes: too few to correlate
