@@ -166,7 +166,7 @@ def versus_table(results: Sequence[RunResult], reference: str, personal: str = "
         f"evaluated, and the mean difference in points ({reference} − cell); "
         "*same data and clients*: the pairing holds (data digest, clients drawn each "
         "round); *by half*: the mean difference over the first and the second half of "
-        f"{reference}'s configured rounds (rounds 1-50 / 51-100 of 100); *G changes "
+        f"{reference}'s configured rounds (1-50 / 51-100 of 100 rounds, say); *G changes "
         "corr.*: correlation of the two runs' round-to-round changes of G (near 1: they "
         "rise and fall in the same rounds).",
         "",
