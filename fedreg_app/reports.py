@@ -1093,6 +1093,26 @@ def rebalanced_counts(original: np.ndarray, thresholds: Sequence[int]) -> tuple[
     return kept, added
 
 
+def rebalance_summary(original: np.ndarray, thresholds: Sequence[int]) -> str:
+    """One line on what the threshold makes of the partition, so that a comparison of two
+    thresholds (``mean`` against ``global-mean``, say) is a command, not a one-off script:
+    train and rebalanced sizes (min/median/max over clients), the share of augmented copies
+    among all rebalanced samples, and the largest client's share of all clients' effective
+    samples (sum_c min(n_c, t), the weight of ``head_g`` in aggregation)."""
+    kept, added = rebalanced_counts(original, thresholds)
+    effective = kept.sum(axis=1)
+    rebalanced = effective + added.sum(axis=1)
+
+    def spread(sizes: np.ndarray) -> str:
+        return f"{sizes.min()}/{np.median(sizes):g}/{sizes.max()}"
+
+    return (
+        f"rebalanced: clients={len(original)} train={spread(original.sum(axis=1))} "
+        f"rebalanced={spread(rebalanced)} copies={added.sum() / rebalanced.sum():.3f} "
+        f"head_g_weight_max={effective.max() / effective.sum():.3f}"
+    )
+
+
 def plot_class_distribution(
     original: np.ndarray, thresholds: Sequence[int], title: str, path: Path
 ) -> Path:
@@ -1198,9 +1218,12 @@ def describe_setting(document: dict[str, Any]) -> str:
     )
 
 
-def class_distribution_report(run_config: dict[str, Any], clients: int, out: Path) -> Path:
+def class_distribution_report(
+    run_config: dict[str, Any], clients: int, out: Path
+) -> tuple[Path, str]:
     """Figure 4 for a run config: partition as the runs do, count labels (no decoding),
-    and apply the rebalancing rule with the configured threshold."""
+    and apply the rebalancing rule with the configured threshold. Returns the figure's
+    path and :func:`rebalance_summary`'s line."""
     config = load_config(run_config)
     key = PartitionKey.from_config(config, clients)
     num_classes = federated_dataset(key).load_split("train").features["label"].num_classes
@@ -1218,7 +1241,8 @@ def class_distribution_report(run_config: dict[str, Any], clients: int, out: Pat
         f"{Path(config.dataset).name}, {clients} clients, Dirichlet alpha {config.alpha}, "
         f"seed {config.seed}, threshold {config.threshold}"
     )
-    return plot_class_distribution(original, thresholds, title, out)
+    path = plot_class_distribution(original, thresholds, title, out)
+    return path, rebalance_summary(original, thresholds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1288,10 +1312,11 @@ def _classes_main(argv: list[str]) -> int:
     declared = declared_run_config()
     try:
         overrides = declared_overrides(args.set, declared)
-        path = class_distribution_report({**declared, **overrides}, args.clients, args.out)
+        path, summary = class_distribution_report({**declared, **overrides}, args.clients, args.out)
     except ConfigError as err:
         parser.error(str(err))
     print(f"wrote {path}")
+    print(summary)
     return 0
 
 

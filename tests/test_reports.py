@@ -33,6 +33,7 @@ from fedreg_app.reports import (
     plot_accuracy_curves,
     provenance_table,
     read_paper_cells,
+    rebalance_summary,
     rebalanced_counts,
     scan,
     write_report,
@@ -162,6 +163,19 @@ def test_rebalanced_counts_bring_present_classes_to_the_threshold() -> None:
     assert (totals[original == 0] == 0).all()  # absent classes stay absent
 
 
+def test_rebalance_summary_gives_sizes_copies_and_the_largest_head_weight() -> None:
+    """Per-client sizes before and after, the share of copies and the largest client's
+    share of the effective samples, from counts worked by hand."""
+    original = np.array([[10, 0, 3, 7], [0, 5, 5, 0], [1, 1, 0, 0]])
+    # kept: [6, 0, 3, 6] = 15, [0, 5, 5, 0] = 10, [1, 1, 0, 0] = 2 (effective samples)
+    # added: [0, 0, 3, 0] = 3, none, [3, 3, 0, 0] = 6; rebalanced 18, 10, 8 of 36
+    line = rebalance_summary(original, thresholds=[6, 5, 4])
+    assert line == (
+        "rebalanced: clients=3 train=2/10/20 rebalanced=8/10/18 copies=0.250 "
+        "head_g_weight_max=0.556"
+    )  # 9 / 36 copies; 15 / 27 effective
+
+
 def test_report_writes_table_curves_and_figure_7(tmp_path: Path) -> None:
     for clients in (30, 50):
         for cell in ("fedreg", "fedavg"):
@@ -239,9 +253,10 @@ def test_report_cli_errors_on_an_empty_root(tmp_path: Path) -> None:
 
 def test_class_distribution_from_a_partition(grey_dataset: Path, tmp_path: Path) -> None:
     run_config = {**declared_run_config(), "dataset-path": str(grey_dataset), "alpha": 1.0}
-    path = class_distribution_report(run_config, 4, tmp_path / "fig4.png")
+    path, summary = class_distribution_report(run_config, 4, tmp_path / "fig4.png")
     with Image.open(path) as image:
         assert image.format == "PNG" and image.height > 400
+    assert summary.startswith("rebalanced: clients=4 train=")
     with pytest.raises(SystemExit):
         main(["classes", "--clients", "4", "--set", "alpha=-1", "--out", "x.png"])
 
