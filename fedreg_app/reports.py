@@ -1098,7 +1098,8 @@ def rebalance_summary(original: np.ndarray, thresholds: Sequence[int]) -> str:
     thresholds (``mean`` against ``global-mean``, say) is a command, not a one-off script:
     train and rebalanced sizes (min/median/max over clients), the share of augmented copies
     among all rebalanced samples, and the largest client's share of all clients' effective
-    samples (sum_c min(n_c, t), the weight of ``head_g`` in aggregation)."""
+    samples (sum_c min(n_c, t): what weights ``head_g`` in aggregation under
+    ``fedreg-head-weight = "effective"``; a round weighs only the clients it drew)."""
     kept, added = rebalanced_counts(original, thresholds)
     effective = kept.sum(axis=1)
     rebalanced = effective + added.sum(axis=1)
