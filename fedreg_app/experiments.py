@@ -35,6 +35,10 @@ resumed, 2 a bad command line or config, 3 stopped by ``--max-minutes`` (resumab
 
     fedreg-experiment configs/smoke.toml --seeds 3 --algos fedreg,fedavg \\
         --set dataset-path=../shared/data/fashion_mnist
+
+``--seeds 1-2`` (or ``0,3``) runs those seeds only, in the folders ``--seeds 3`` would
+give them: seeds spread over machines, each with its own ``--out``, are merged by
+``fedreg-report ROOT ROOT...``.
 """
 
 from __future__ import annotations
@@ -331,12 +335,14 @@ def plan(
     out: Path,
     declared: dict[str, Any],
     overrides: dict[str, Any],
-    seeds: int | None = None,
+    seeds: int | Sequence[int] | None = None,
     algos: tuple[str, ...] | None = None,
     variants: tuple[str, ...] | None = None,
 ) -> list[RunSpec]:
     """All runs, validated before any starts (a bad value fails the whole plan). Seed-major:
     every cell's first seed comes first, so a partially finished grid already compares.
+    ``seeds`` is a number n (seeds 0..n-1) or the seeds themselves (``--seeds 1-2``: a
+    machine runs seeds another has not, into folders a report merges with the others').
     ``variants`` keeps only those named variants of each file (a run of one variant lands
     in the folder the whole file would give it, so reports pair it as before)."""
     specs = []
@@ -353,9 +359,33 @@ def plan(
         if variants:
             chosen = chosen_variants(experiment, variants)
             experiment = Experiment(**{**experiment.__dict__, "variants": chosen})
-        for seed, cell in itertools.product(range(seeds or experiment.seeds), experiment.cells()):
+        numbers = range(seeds or experiment.seeds) if not isinstance(seeds, Sequence) else seeds
+        for seed, cell in itertools.product(numbers, experiment.cells()):
             specs.append(run_spec(experiment, cell, seed, out, declared, overrides))
     return one_run_a_folder(specs)
+
+
+def seed_numbers(text: str) -> int | tuple[int, ...]:
+    """``--seeds``: a number n (seeds 0..n-1, as the file's ``seeds``) or the seeds
+    themselves, ranges and single seeds separated by commas (``1-2``, ``0,3``, ``4-4``).
+    A range upside down, a seed twice or below 0 is refused: each would run fewer seeds,
+    or other ones, than the command says."""
+    allowed = "expected a number of seeds >= 1 (seeds 0..n-1) or seeds such as 1-2 or 0,3"
+    refuse = ConfigError(f"--seeds={text} is not allowed: {allowed}")
+    if "-" not in text and "," not in text:
+        if not text.strip().isdigit() or int(text) < 1:
+            raise refuse
+        return int(text)
+    seeds: list[int] = []
+    for part in text.split(","):
+        first, dash, last = (end.strip() for end in part.partition("-"))
+        last = last if dash else first
+        if not (first.isdigit() and last.isdigit()) or int(first) > int(last):
+            raise refuse
+        seeds.extend(range(int(first), int(last) + 1))
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds={text} is not allowed: it names a seed twice ({allowed})")
+    return tuple(seeds)
 
 
 def names_list(flag: str, text: str | None) -> tuple[str, ...] | None:
@@ -404,7 +434,7 @@ def one_run_a_folder(specs: list[RunSpec]) -> list[RunSpec]:
 #: Keys the runner sets for each run itself, with what to use instead.
 RUNNER_KEYS = {
     "resume": "the runner resumes each interrupted run itself",
-    "seed": "--seeds gives the seeds 0..n-1",
+    "seed": "--seeds gives the seeds (n: 0..n-1; or seeds such as 1-2)",
     "results-dir": "--out gives where the runs are written",
 }
 
@@ -1376,7 +1406,8 @@ def main(argv: list[str] | None = None) -> int:
         "continues where it stopped.",
     )
     parser.add_argument("configs", nargs="+", type=Path, help="config files (configs/*.toml)")
-    parser.add_argument("--seeds", type=int, help="seeds per cell (default: the file's)")
+    parser.add_argument("--seeds", help="seeds per cell: n runs seeds 0..n-1; 1-2 or 0,3 "
+                        "runs those seeds (default: the file's number)")  # fmt: skip
     parser.add_argument("--algos", help="comma-separated algorithms (default: the file's)")
     parser.add_argument("--variants", help="comma-separated variant names: run only these "
                         "of each file's [experiment.variants] (default: all)")  # fmt: skip
@@ -1400,14 +1431,13 @@ def main(argv: list[str] | None = None) -> int:
 
     declared = declared_run_config()
     _once.cache_clear()  # data read by an earlier invocation in this process may differ now
-    if args.seeds is not None and args.seeds < 1:
-        parser.error(f"--seeds={args.seeds} is not allowed: expected a number of seeds >= 1")
     try:
+        seeds = None if args.seeds is None else seed_numbers(args.seeds)
         overrides = declared_overrides(args.set, declared)
         experiments = [Experiment.load(path, declared) for path in args.configs]
         algos = names_list("--algos", args.algos)
         variants = names_list("--variants", args.variants)
-        specs = plan(experiments, args.out, declared, overrides, args.seeds, algos, variants)
+        specs = plan(experiments, args.out, declared, overrides, seeds, algos, variants)
     except (ConfigError, OSError, tomllib.TOMLDecodeError) as err:
         parser.error(str(err))
     except UnicodeDecodeError as err:

@@ -45,6 +45,7 @@ from fedreg_app.experiments import (
     plan,
     read_marker,
     recorded_seconds,
+    seed_numbers,
     summarize,
     tidy,
     write_marker,
@@ -306,6 +307,26 @@ def test_cli_dry_run_and_errors(tmp_path: Path, capsys) -> None:
     assert "nonsense-key" in capsys.readouterr().err
 
 
+def test_seeds_given_by_number_run_from_0_and_given_by_name_run_only_those(
+    tmp_path: Path, capsys
+) -> None:
+    """`--seeds 1-2` runs seeds 1 and 2 in the folders `--seeds 3` gives them, so seeds run
+    on two machines merge in one report; a number keeps meaning seeds 0..n-1."""
+    assert seed_numbers("3") == 3
+    assert seed_numbers("1-2") == (1, 2)
+    assert seed_numbers("0,3") == (0, 3)
+    assert seed_numbers("4-4, 6") == (4, 6)
+    experiment = grid_experiment(tmp_path)
+    every = plan([experiment], tmp_path / "o", DECLARED, {}, 3, ("fedreg",))
+    named = plan([experiment], tmp_path / "o", DECLARED, {}, (1, 2), ("fedreg",))
+    assert {s.seed for s in named} == {1, 2}
+    assert [s.folder for s in named] == [s.folder for s in every if s.seed > 0]
+    assert main([str(tmp_path / "t1.toml"), "--dry-run", "--seeds", "2-2", "--algos", "fedavg",
+                 "--out", str(tmp_path / "o")]) == 0  # fmt: skip
+    runs = capsys.readouterr().out.strip().splitlines()[:-1]
+    assert len(runs) == 4 and all("seed 2" in run for run in runs)
+
+
 def test_an_unknown_set_key_names_the_closest_declared_key(tmp_path: Path, capsys) -> None:
     with pytest.raises(ConfigError, match=r"'pxor-mu' .*did you mean 'prox-mu'"):
         declared_overrides(["pxor-mu=0.1"], DECLARED)
@@ -321,6 +342,10 @@ def test_an_unknown_set_key_names_the_closest_declared_key(tmp_path: Path, capsy
     [
         (["--seeds", "-1"], "--seeds=-1 is not allowed"),  # before: 0 runs, exit 0
         (["--seeds", "0"], "--seeds=0 is not allowed"),  # before: the file's seeds
+        (["--seeds", "2-1"], "--seeds=2-1 is not allowed"),  # would run none
+        (["--seeds", "1-"], "--seeds=1- is not allowed"),
+        (["--seeds", "0,x"], "--seeds=0,x is not allowed"),
+        (["--seeds", "0-2,1"], "names a seed twice"),  # would count seed 1 twice
         (["--algos", ""], "--algos='' is not allowed"),  # before: every algorithm
         (["--variants", "a,"], "--variants='a,' is not allowed"),
         (["--set", "resume=/some/run"], "resume=... is not allowed: the runner resumes"),
