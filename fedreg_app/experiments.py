@@ -373,16 +373,15 @@ def seed_numbers(text: str) -> int | tuple[int, ...]:
     allowed = "expected a number of seeds >= 1 (seeds 0..n-1) or seeds such as 1-2 or 0,3"
     refuse = ConfigError(f"--seeds={text} is not allowed: {allowed}")
     if "-" not in text and "," not in text:
-        if not text.strip().isdigit() or int(text) < 1:
+        if not re.fullmatch(r"\s*\d+\s*", text, re.ASCII) or int(text) < 1:
             raise refuse
         return int(text)
     seeds: list[int] = []
     for part in text.split(","):
-        first, dash, last = (end.strip() for end in part.partition("-"))
-        last = last if dash else first
-        if not (first.isdigit() and last.isdigit()) or int(first) > int(last):
+        ends = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part, re.ASCII)
+        if not ends or int(ends[1]) > int(ends[2] or ends[1]):
             raise refuse
-        seeds.extend(range(int(first), int(last) + 1))
+        seeds.extend(range(int(ends[1]), int(ends[2] or ends[1]) + 1))
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds={text} is not allowed: it names a seed twice ({allowed})")
     return tuple(seeds)

@@ -345,6 +345,8 @@ def test_an_unknown_set_key_names_the_closest_declared_key(tmp_path: Path, capsy
         (["--seeds", "2-1"], "--seeds=2-1 is not allowed"),  # would run none
         (["--seeds", "1-"], "--seeds=1- is not allowed"),
         (["--seeds", "0,x"], "--seeds=0,x is not allowed"),
+        (["--seeds", "\u00b2"], "is not allowed: expected a number of seeds"),  # isdigit: True
+        (["--seeds", "1-\u00b2"], "is not allowed: expected a number of seeds"),
         (["--seeds", "0-2,1"], "names a seed twice"),  # would count seed 1 twice
         (["--algos", ""], "--algos='' is not allowed"),  # before: every algorithm
         (["--variants", "a,"], "--variants='a,' is not allowed"),
