@@ -817,6 +817,10 @@ def recorded_seconds(specs: Sequence[RunSpec]) -> dict[tuple[str, str], float]:
 #: per cell (``cell_key``): seconds and rounds summed
 Tallies = dict[tuple[str, str], list[float]]
 
+#: The run in progress is timed over its last this many rounds: a stretch on a shared
+#: machine (a test suite beside it) should not weigh on the estimate for the rest.
+RECENT_ROUNDS = 10
+
 
 class Progress:
     """Runs and rounds done over the whole grid, seconds per round of the run in progress,
@@ -829,7 +833,8 @@ class Progress:
     in this invocation where the cell has run, else as its records on disk say, scaled by
     how this invocation's cells compare with their own records (the records may come from
     another machine), else this invocation's mean; and a start-up for each run still to
-    start, once one has been timed.
+    start, once one has been timed. The run in progress counts with its last
+    ``RECENT_ROUNDS`` rounds only, so the estimate follows the machine's present pace.
     """
 
     def __init__(
@@ -851,6 +856,9 @@ class Progress:
         self.started = self.run_started = clock()
         #: the clock and the run's rounds when its first round here was seen (None before)
         self.first_seen: tuple[float, int] | None = None
+        #: (clock, rounds) of the current run's first round here and of the rounds seen
+        #: since, the oldest dropped once the later ones span RECENT_ROUNDS rounds
+        self.seen: list[tuple[float, int]] = []
         #: per cell: seconds and rounds timed after each closed run's first round here
         self.measured: Tallies = {}
         #: per cell: seconds and rounds of each closed run's first round here (start-up in)
@@ -860,19 +868,24 @@ class Progress:
 
     def start(self, spec: RunSpec, rounds_at_start: int) -> None:
         self.current, self.run_start, self.run_started = spec, rounds_at_start, self.clock()
-        self.first_seen = None
+        self.first_seen, self.seen = None, []
         self.starts[cell_key(spec)] = self.starts.get(cell_key(spec), 0) + 1
 
     def observe(self, rounds_in_run: int) -> None:
         """The current run has ``rounds_in_run`` rounds checkpointed now."""
         if self.first_seen is None and rounds_in_run > self.run_start:
             self.first_seen = (self.clock(), rounds_in_run)
+            self.seen = [self.first_seen]
+        elif self.seen and rounds_in_run > self.seen[-1][1]:
+            self.seen.append((self.clock(), rounds_in_run))
+            while len(self.seen) > 1 and rounds_in_run - self.seen[1][1] >= RECENT_ROUNDS:
+                del self.seen[0]  # the window still spans RECENT_ROUNDS rounds without it
 
     def close(self, spec: RunSpec, rounds_in_run: int) -> None:
         """``spec`` ended here with ``rounds_in_run`` rounds, or was given up unstarted."""
         if spec is self.current:
             self.measured, self.first = self._timed(spec, rounds_in_run)
-            self.current, self.run_start, self.first_seen = None, 0, None
+            self.current, self.run_start, self.first_seen, self.seen = None, 0, None, []
         self.open = [s for s in self.open if s is not spec]
         self.rounds_closed += spec.num_rounds
 
@@ -886,7 +899,8 @@ class Progress:
 
     def _timed(self, spec: RunSpec | None, rounds_in_run: int) -> tuple[Tallies, Tallies]:
         """Per cell, the seconds and rounds of this invocation after each run's first round
-        here, and those of the first rounds; the current run's (``spec``) included."""
+        here (of a run longer than ``RECENT_ROUNDS`` rounds here, its last ones), and those
+        of the first rounds; the current run's (``spec``) included."""
         measured = {key: list(tally) for key, tally in self.measured.items()}
         first = {key: list(tally) for key, tally in self.first.items()}
         if spec is None:
@@ -894,9 +908,10 @@ class Progress:
         now, seen = self.clock(), self.first_seen
         if seen is None:  # no round seen yet: all of it is the first round
             seen = (now, max(self.run_start, rounds_in_run))
+        since = self.seen[0] if self.seen else seen  # the recent rounds' start
         parts = (
             (first, seen[0] - self.run_started, seen[1] - self.run_start),
-            (measured, now - seen[0], max(0, rounds_in_run - seen[1])),
+            (measured, now - since[0], max(0, rounds_in_run - since[1])),
         )
         for tallies, seconds, rounds in parts:
             tally = tallies.setdefault(cell_key(spec), [0.0, 0])

@@ -30,6 +30,7 @@ from fedreg_app.data import PartitionKey, split_digests, split_sizes
 from fedreg_app.experiments import (
     EXIT_BUSY,
     EXIT_FAILED,
+    RECENT_ROUNDS,
     RUNNER_LOCK,
     Experiment,
     Progress,
@@ -897,6 +898,32 @@ def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> Non
     now[0] = 131.0
     progress.close(by["fedrep", 0], 0)  # given up before it started: nothing timed
     assert progress.seconds_left(ditto, 2) == 2 * 14.0 + 4 * 7.0 + 1 * 3.0
+
+
+def test_progress_follows_the_present_pace_of_a_long_run(tmp_path: Path) -> None:
+    """Session 42: a run's first rounds beside the test suite (150 s a round), then alone
+    (50 s): the mean since its start said 5 hours left where 1.5 were. The run in
+    progress counts with its last RECENT_ROUNDS rounds."""
+    (spec,) = one_cell_specs(tmp_path, 1)
+    spec = RunSpec(**{**spec.__dict__, "num_rounds": 100})
+    now = [0.0]
+    progress = Progress([spec], clock=lambda: now[0])
+    progress.start(spec, 0)
+    now[0] = 200.0
+    progress.observe(1)  # the first round, start-up in
+    for rounds in range(2, 12):
+        now[0] += 150.0
+        progress.observe(rounds)
+    assert progress.measured_per_round(spec, 11) == 150.0
+    for rounds in range(12, 12 + RECENT_ROUNDS):
+        now[0] += 50.0
+        progress.observe(rounds)
+    done = 11 + RECENT_ROUNDS
+    assert progress.measured_per_round(spec, done) == 50.0  # the mean since round 1: 100
+    assert progress.seconds_left(spec, done) == (100 - done) * 50.0
+    assert "| 50.0 s/round |" in progress.line(1, 1, spec, done)
+    now[0] += 4500.0  # a round that hangs shows at once: it is the present pace too
+    assert progress.measured_per_round(spec, done) == (RECENT_ROUNDS * 50.0 + 4500.0) / RECENT_ROUNDS
 
 
 def test_progress_says_it_does_not_know_until_a_round_is_timed(tmp_path: Path) -> None:
