@@ -817,8 +817,8 @@ def recorded_seconds(specs: Sequence[RunSpec]) -> dict[tuple[str, str], float]:
 #: per cell (``cell_key``): seconds and rounds summed
 Tallies = dict[tuple[str, str], list[float]]
 
-#: The run in progress is timed over its last this many rounds: a stretch on a shared
-#: machine (a test suite beside it) should not weigh on the estimate for the rest.
+#: A run is timed over its last this many rounds: a stretch on a shared machine (a test
+#: suite beside it) should not weigh on the estimate for the rest.
 RECENT_ROUNDS = 10
 
 
@@ -833,8 +833,9 @@ class Progress:
     in this invocation where the cell has run, else as its records on disk say, scaled by
     how this invocation's cells compare with their own records (the records may come from
     another machine), else this invocation's mean; and a start-up for each run still to
-    start, once one has been timed. The run in progress counts with its last
-    ``RECENT_ROUNDS`` rounds only, so the estimate follows the machine's present pace.
+    start, once one has been timed. A run timed here, the one in progress too, counts
+    with its last ``RECENT_ROUNDS`` rounds only, so the estimate follows the machine's
+    present pace.
     """
 
     def __init__(

@@ -923,7 +923,8 @@ def test_progress_follows_the_present_pace_of_a_long_run(tmp_path: Path) -> None
     assert progress.seconds_left(spec, done) == (100 - done) * 50.0
     assert "| 50.0 s/round |" in progress.line(1, 1, spec, done)
     now[0] += 4500.0  # a round that hangs shows at once: it is the present pace too
-    assert progress.measured_per_round(spec, done) == (RECENT_ROUNDS * 50.0 + 4500.0) / RECENT_ROUNDS
+    window = RECENT_ROUNDS * 50.0 + 4500.0
+    assert progress.measured_per_round(spec, done) == window / RECENT_ROUNDS
 
 
 def test_progress_says_it_does_not_know_until_a_round_is_timed(tmp_path: Path) -> None:
