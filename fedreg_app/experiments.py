@@ -359,7 +359,7 @@ def plan(
         if variants:
             chosen = chosen_variants(experiment, variants)
             experiment = Experiment(**{**experiment.__dict__, "variants": chosen})
-        numbers = range(seeds or experiment.seeds) if not isinstance(seeds, Sequence) else seeds
+        numbers = seeds if isinstance(seeds, Sequence) else range(seeds or experiment.seeds)
         for seed, cell in itertools.product(numbers, experiment.cells()):
             specs.append(run_spec(experiment, cell, seed, out, declared, overrides))
     return one_run_a_folder(specs)
@@ -368,20 +368,23 @@ def plan(
 def seed_numbers(text: str) -> int | tuple[int, ...]:
     """``--seeds``: a number n (seeds 0..n-1, as the file's ``seeds``) or the seeds
     themselves, ranges and single seeds separated by commas (``1-2``, ``0,3``, ``4-4``).
-    A range upside down, a seed twice or below 0 is refused: each would run fewer seeds,
-    or other ones, than the command says."""
+    Anything else (a range upside down, a seed twice, a sign, a digit that is not ASCII)
+    is refused: each would run fewer seeds, or other ones, than the command says."""
     allowed = "expected a number of seeds >= 1 (seeds 0..n-1) or seeds such as 1-2 or 0,3"
     refuse = ConfigError(f"--seeds={text} is not allowed: {allowed}")
-    if "-" not in text and "," not in text:
-        if not re.fullmatch(r"\s*\d+\s*", text, re.ASCII) or int(text) < 1:
+    if re.fullmatch(r"\s*\d+\s*", text, re.ASCII):  # a number of seeds
+        if int(text) < 1:
             raise refuse
         return int(text)
     seeds: list[int] = []
     for part in text.split(","):
         ends = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part, re.ASCII)
-        if not ends or int(ends[1]) > int(ends[2] or ends[1]):
+        if not ends:
             raise refuse
-        seeds.extend(range(int(ends[1]), int(ends[2] or ends[1]) + 1))
+        first, last = int(ends[1]), int(ends[2] or ends[1])
+        if first > last:
+            raise refuse
+        seeds.extend(range(first, last + 1))
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds={text} is not allowed: it names a seed twice ({allowed})")
     return tuple(seeds)

@@ -902,8 +902,8 @@ def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> Non
 
 def test_progress_follows_the_present_pace_of_a_long_run(tmp_path: Path) -> None:
     """Session 42: a run's first rounds beside the test suite (150 s a round), then alone
-    (50 s): the mean since its start said 5 hours left where 1.5 were. The run in
-    progress counts with its last RECENT_ROUNDS rounds."""
+    (47 s): the mean since its start said 5 hours left where the present pace gave 2 h
+    20 min. A run counts with its last RECENT_ROUNDS rounds."""
     (spec,) = one_cell_specs(tmp_path, 1)
     spec = RunSpec(**{**spec.__dict__, "num_rounds": 100})
     now = [0.0]
