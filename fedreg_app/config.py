@@ -32,6 +32,9 @@ GLOBAL_EVALS = ("auto", "clients", "server")
 DP_MODES = ("off", "central", "local")
 OPTIMIZER_STATES = ("persistent", "fresh")
 HEAD_DEPTHS = (1, 2, 3)
+#: The largest seed: Flower carries run-config integers as signed 64-bit on the wire, and
+#: ``torch.manual_seed`` takes no more than 64 bits either.
+MAX_SEED = 2**63 - 1
 #: ``head-depth = "auto"``: the algorithm's ``default_head_depth``.
 HEAD_DEPTH_AUTO = "auto"
 HEAD_DEPTH_ALLOWED = f"'{HEAD_DEPTH_AUTO}' (the algorithm's own split) or one of {HEAD_DEPTHS}"
@@ -222,8 +225,8 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for the first value that cannot work."""
-        if self.seed < 0:
-            _fail("seed", self.seed, "an integer >= 0")
+        if not 0 <= self.seed <= MAX_SEED:
+            _fail("seed", self.seed, f"an integer from 0 to {MAX_SEED} (2**63 - 1)")
         if not self.alpha > 0:
             _fail("alpha", self.alpha, "a number > 0 (Dirichlet concentration)")
         if self.partition not in PARTITIONS:

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
-from fedreg_app.config import ConfigError, RunConfig, is_count, setting_differences
+from fedreg_app.config import MAX_SEED, ConfigError, RunConfig, is_count, setting_differences
 from fedreg_app.data import PartitionKey, federated_dataset, split_digests, split_sizes
 from fedreg_app.launcher import (
     ONE_CPU,
@@ -127,6 +127,9 @@ RUNNER_LOCK = ".fedreg-experiment.lock"
 
 
 #: The keys of a config file's ``[experiment]`` table.
+#: The most seeds one invocation plans (``--seeds`` or the file's ``seeds``): far above any
+#: paper's 3 to 5, far below a typo's billion, which would be planned, run by run, first.
+MAX_SEEDS = 1000
 EXPERIMENT_KEYS = ("name", "clients", "algos", "seeds", "grid", "variants", PAPER_TABLE)
 #: A name that becomes a folder under ``--out``: no separator, no ``..``, no hidden name
 #: (the rule a state key follows).
@@ -150,6 +153,8 @@ def experiment_table_problem(meta: Any) -> str | None:
     for key in ("clients", "seeds"):
         if key in meta and not is_count(meta[key]):
             return f"{key}={meta[key]!r} is not allowed: expected an integer >= 1"
+    if meta.get("seeds", 1) > MAX_SEEDS:
+        return f"seeds={meta['seeds']!r} is not allowed: expected an integer from 1 to {MAX_SEEDS}"
     algos = meta.get("algos")
     if algos is not None and not (
         isinstance(algos, list) and algos and all(isinstance(a, str) for a in algos)
@@ -369,22 +374,28 @@ def seed_numbers(text: str) -> int | tuple[int, ...]:
     """``--seeds``: a number n (seeds 0..n-1, as the file's ``seeds``) or the seeds
     themselves, ranges and single seeds separated by commas (``1-2``, ``0,3``, ``4-4``).
     Anything else (a range upside down, a seed twice, a sign, a digit that is not ASCII)
-    is refused: each would run fewer seeds, or other ones, than the command says."""
-    allowed = "expected a number of seeds >= 1 (seeds 0..n-1) or seeds such as 1-2 or 0,3"
+    is refused: each would run fewer seeds, or other ones, than the command says. So are
+    more than :data:`MAX_SEEDS` seeds and a seed above the config's ``MAX_SEED``, counted
+    before any range is spelled out: ``0-1000000000`` once planned a billion runs first."""
+    allowed = (f"expected a number of seeds from 1 to {MAX_SEEDS} (seeds 0..n-1) or seeds "
+               f"such as 1-2 or 0,3, each at most 2**63 - 1")  # fmt: skip
     refuse = ConfigError(f"--seeds={text} is not allowed: {allowed}")
     if re.fullmatch(r"\s*\d+\s*", text, re.ASCII):  # a number of seeds
-        if int(text) < 1:
+        if not 1 <= int(text) <= MAX_SEEDS:
             raise refuse
         return int(text)
-    seeds: list[int] = []
+    ranges: list[range] = []
     for part in text.split(","):
         ends = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part, re.ASCII)
         if not ends:
             raise refuse
         first, last = int(ends[1]), int(ends[2] or ends[1])
-        if first > last:
+        if not first <= last <= MAX_SEED:
             raise refuse
-        seeds.extend(range(first, last + 1))
+        ranges.append(range(first, last + 1))
+    if sum(map(len, ranges)) > MAX_SEEDS:
+        raise refuse
+    seeds = [seed for seeds in ranges for seed in seeds]
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--seeds={text} is not allowed: it names a seed twice ({allowed})")
     return tuple(seeds)

@@ -109,7 +109,8 @@ def test_eval_every_includes_last_round() -> None:
             "participation-gamma=nan is not allowed: expected a finite",
         ),
         ("lr", float("inf"), "lr=inf is not allowed: expected a finite number"),
-        ("seed", -1, "seed=-1 is not allowed: expected an integer >= 0"),
+        ("seed", -1, "seed=-1 is not allowed: expected an integer from 0 to"),
+        ("seed", 2**63, f"seed={2**63} is not allowed: expected an integer from 0 to"),
         ("seed", 1.5, "seed=1.5 is not allowed: expected an integer"),
     ],
 )

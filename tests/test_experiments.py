@@ -131,6 +131,7 @@ def test_a_bad_cell_fails_the_plan_before_any_run(tmp_path: Path) -> None:
         ("clients = 'many'", "clients='many' is not allowed: expected an integer >= 1"),
         ("seeds = 2.9", "seeds=2.9 is not allowed: expected an integer >= 1"),
         ("seeds = true", "seeds=True is not allowed"),
+        ("seeds = 1001", "seeds=1001 is not allowed: expected an integer from 1 to 1000"),
         ("algos = 'fedavg'", "algos='fedavg' is not allowed: expected a list of algorithm"),
         ("grid = { alpha = 0.5 }", "grid={'alpha': 0.5} is not allowed"),
         ("variants = { a = 1 }", "variants={'a': 1} is not allowed: expected a table of tables"),
@@ -349,6 +350,11 @@ def test_an_unknown_set_key_names_the_closest_declared_key(tmp_path: Path, capsy
         (["--seeds", "\u00b2"], "is not allowed: expected a number of seeds"),  # isdigit: True
         (["--seeds", "1-\u00b2"], "is not allowed: expected a number of seeds"),
         (["--seeds", "0-2,1"], "names a seed twice"),  # would count seed 1 twice
+        # before: a billion runs planned, one by one, before anything was said
+        (["--seeds", "0-1000000000"], "expected a number of seeds from 1 to 1000"),
+        (["--seeds", "1001"], "--seeds=1001 is not allowed"),
+        (["--seeds", "0-599,1000-1400"], "--seeds=0-599,1000-1400 is not allowed"),  # 1001
+        (["--seeds", f"{2**63}-{2**63}"], "each at most 2**63 - 1"),  # Flower's int64 field
         (["--algos", ""], "--algos='' is not allowed"),  # before: every algorithm
         (["--variants", "a,"], "--variants='a,' is not allowed"),
         (["--set", "resume=/some/run"], "resume=... is not allowed: the runner resumes"),
