@@ -11,10 +11,11 @@ import torch
 
 from clients.fedprox import FedProxOptions
 from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.config import ONE_LAYER_HEADS, ConfigError
+from fedreg_app.config import MAX_SEED, ONE_LAYER_HEADS, ConfigError
 from fedreg_app.data import DatasetInfo
 from fedreg_app.models import initial_model
 from fedreg_app.registry import ALGORITHMS, declared_keys, get_algorithm, load_config
+from tests.inprocess import results, run_server
 
 
 @pytest.mark.parametrize(
@@ -276,3 +277,25 @@ def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
     assert as_ran({"algo": "fedavg"})["dirichlet-balance"] is False  # dirichlet by default
     assert as_ran(shard)["drop-last"] is False  # every algorithm, every partition
     assert RunConfig().drop_last is True
+
+
+def test_the_largest_seed_allowed_runs_through_flowers_wire(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """``MAX_SEED`` is where the bound is because the seed must cross Flower's messages
+    (signed 64-bit) and reach every draw (the partition, sampling, the model's
+    initialisation, augmentation): a FedReG round with it completes; one above is refused
+    before any work (its failed record says why)."""
+    config = {
+        "algo": "fedreg", "dataset-path": str(grey_dataset), "local-epochs": 1,
+        "fraction-train": 0.5, "min-partition-size": 5, "num-server-rounds": 1,
+        "seed": MAX_SEED, "results-dir": str(tmp_path / "largest"),
+    }  # fmt: skip
+    _, stopped = run_server(config)
+    assert stopped is None
+    document = results(tmp_path / "largest")
+    assert document["config"]["seed"] == MAX_SEED and document["run"]["status"] == "completed"
+    _, stopped = run_server({**config, "seed": MAX_SEED + 1, "results-dir": str(tmp_path / "x")})
+    assert isinstance(stopped, ConfigError) and f"seed={MAX_SEED + 1} is not" in str(stopped)
+    refused = results(tmp_path / "x")
+    assert refused["run"]["status"] == "failed" and refused["rounds"] == []
