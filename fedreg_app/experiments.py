@@ -126,10 +126,10 @@ EXIT_BUSY = 4  # another runner is using the same --out
 RUNNER_LOCK = ".fedreg-experiment.lock"
 
 
-#: The keys of a config file's ``[experiment]`` table.
 #: The most seeds one invocation plans (``--seeds`` or the file's ``seeds``): far above any
 #: paper's 3 to 5, far below a typo's billion, which would be planned, run by run, first.
 MAX_SEEDS = 1000
+#: The keys of a config file's ``[experiment]`` table.
 EXPERIMENT_KEYS = ("name", "clients", "algos", "seeds", "grid", "variants", PAPER_TABLE)
 #: A name that becomes a folder under ``--out``: no separator, no ``..``, no hidden name
 #: (the rule a state key follows).
