@@ -261,6 +261,22 @@ class Collection:
     results: list[RunResult]
     skipped: list[Skipped]
 
+    def of_cells(self, only: Sequence[str]) -> Collection:
+        """The runs and left-out folders of the cells named in ``only`` (all when it is
+        empty); a name no run or left-out folder has is refused, naming the cells there
+        are, before anything is written."""
+        if not only:
+            return self
+        present = {r.cell for r in self.results} | {s.seed_folder.parent.name for s in self.skipped}
+        unknown = [name for name in only if name not in present]
+        if unknown:
+            raise ConfigError(f"--cells: {', '.join(map(repr, unknown))} not a cell of these "
+                              f"runs: expected some of {', '.join(sorted(present))}")  # fmt: skip
+        return Collection(
+            [r for r in self.results if r.cell in only],
+            [s for s in self.skipped if s.seed_folder.parent.name in only],
+        )
+
     def unfinished_note(self) -> str:
         """The unfinished runs the report kept, with their rounds done ("" if none)."""
         runs = [r for r in self.results if r.unfinished]
@@ -1163,6 +1179,7 @@ def write_report(
     unfinished: bool = False,
     papers: Sequence[PaperCells] = (),
     versus: str | None = None,
+    only: Sequence[str] = (),
 ) -> list[Path]:
     """Tables and plots for every finished run (completed or degraded) under ``root`` (or
     under each of several roots, see :func:`scan_roots`); the table says which seed
@@ -1170,9 +1187,11 @@ def write_report(
     ``PERSONAL_FIGURES``); ``unfinished`` keeps unfinished runs of seeds with no finished
     one, marked, with their rounds done under the table. ``rounds.md`` compares each cell
     round by round with ``versus`` (a cell; by default FedReG's, where it ran), and a
-    ``versus`` that names no cell of the runs is refused."""
+    ``versus`` that names no cell of the runs is refused. ``only`` keeps just those cells
+    (the seeds some cells have and others lack, reported apart); a name that is no cell of
+    the runs is refused, as is a ``versus`` it leaves out."""
     roots = [root] if isinstance(root, Path) else list(root)
-    collection = scan_roots(roots, unfinished)
+    collection = scan_roots(roots, unfinished).of_cells(only)
     results, skipped = collection.results, collection.skipped_note(roots)
     if not results:
         kinds = "completed, degraded or unfinished" if unfinished else "completed or degraded"
@@ -1246,6 +1265,15 @@ def class_distribution_report(
     return path, rebalance_summary(original, thresholds)
 
 
+def cell_names(text: str) -> list[str]:
+    """``--cells``: names as the table prints them (a variant's after a space) or as its
+    folder names them (after ``__``); an empty name or one given twice is refused."""
+    names = [name.strip().replace(" ", CELL_SEPARATOR) for name in text.split(",")]
+    if "" in names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated cells, each once")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["classes"]:
@@ -1280,6 +1308,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the cell rounds.md compares every other cell with, round by round on the same "
         f"seed (default: {DEFAULT_VERSUS}, where it ran), e.g. fedrod",
     )  # fmt: skip
+    parser.add_argument(
+        "--cells", metavar="CELL,CELL", type=cell_names, default=[],
+        help="report only these cells, comma-separated, as the table names them, e.g. the "
+        "ones with every seed (default: all)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         papers = [read_paper_cells(path) for path in args.paper]
@@ -1288,7 +1321,7 @@ def main(argv: list[str] | None = None) -> int:
                               "their one report")  # fmt: skip
         out = args.out or args.root[0] / "report"
         written = write_report(args.root, out, args.personal, args.unfinished, papers,
-                               args.versus)  # fmt: skip
+                               args.versus, args.cells)  # fmt: skip
     except (FileNotFoundError, ConfigError) as err:
         parser.error(str(err))
     print(written[0].read_text())

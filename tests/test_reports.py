@@ -1160,3 +1160,40 @@ def test_a_variant_run_apart_pairs_with_fedreg_only_where_the_pairing_holds(
         "| t_options | 0 | fedreg variant-fresh (against t's) | yes | 3/3 | +10.00 | "
         "+10.00 / +10.00 | 0/3 | +0.00 | +0.00 / +0.00 | – |"
     ]  # three rounds give two changes: too few to correlate
+
+
+def test_report_cells_keeps_only_the_cells_named_and_refuses_an_unknown_one(
+    tmp_path: Path, capsys
+) -> None:
+    """Seeds 0-1 of two cells beside seed 0 of a third: ``--cells`` reports the two alone
+    (table, rounds and left-out folders), a variant named as the table prints it; a name
+    that is no cell is refused before anything is written, naming the cells there are."""
+    for seed in (0, 1):
+        fake_run(tmp_path / "runs", "t", "fedreg", seed)
+        fake_run(tmp_path / "runs", "t", "fedreg__variant-a", seed)
+    fake_run(tmp_path / "runs", "t", "fedavg", 0)
+    fake_run(tmp_path / "runs", "t", "fedavg", 1, status="failed", error="boom")
+    out = tmp_path / "r"
+    assert main([str(tmp_path / "runs"), "--cells", "fedreg, fedreg variant-a",
+                 "--out", str(out)]) == 0  # fmt: skip
+    table = (out / "table.md").read_text()
+    rows = [line.split(" | ")[0].strip("| ") for line in table.splitlines()[2:] if "|" in line]
+    assert rows == ["fedreg", "fedreg variant-a"]
+    assert "fedavg" not in table  # neither its row nor its failed seed among the left out
+    assert "fedavg" not in (out / "rounds.md").read_text()
+    assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "all")]) == 0
+    assert "fedavg/seed1: failed: boom" in (tmp_path / "all" / "table.md").read_text()
+    for bad, says in [("fedreg,fedrep", "--cells: 'fedrep' not a cell of these runs: "
+                       "expected some of fedavg, fedreg, fedreg__variant-a"),
+                      ("fedreg,,fedavg", "comma-separated cells, each once"),
+                      ("fedreg,fedreg", "comma-separated cells, each once")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            main([str(tmp_path / "runs"), "--cells", bad, "--out", str(tmp_path / "bad")])
+        assert says in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit):  # a --versus the named cells leave out
+        main([str(tmp_path / "runs"), "--cells", "fedreg", "--versus", "fedavg",
+              "--out", str(tmp_path / "bad")])  # fmt: skip
+    assert "--versus='fedavg' is not a cell of these runs: expected one of fedreg" in (
+        capsys.readouterr().err
+    )
