@@ -1207,6 +1207,9 @@ def write_report(
     written = [out / "table.md", out / "costs.md", out / "runs.md", out / "rounds.md"]
     table = paper_table(results, personal)
     progress = collection.unfinished_note()
+    if only:  # the published cells left out are not "not run yet"
+        papers = [dataclasses.replace(paper, cells={c: v for c, v in paper.cells.items()
+                                                    if c in only}) for paper in papers]  # fmt: skip
     compared = [paper_comparison(results, paper, personal) for paper in papers]
     parts = [table, differing_settings(results), *compared, progress, skipped]
     written[0].write_text("\n\n".join(filter(None, parts)) + "\n")

@@ -1181,6 +1181,15 @@ def test_report_cells_keeps_only_the_cells_named_and_refuses_an_unknown_one(
     assert rows == ["fedreg", "fedreg variant-a"]
     assert "fedavg" not in table  # neither its row nor its failed seed among the left out
     assert "fedavg" not in (out / "rounds.md").read_text()
+    paper = tmp_path / "paper.toml"
+    paper.write_text('[experiment]\nname = "t"\n[experiment.paper]\nsource = "000"\n'
+                     "fedavg = { G = 80.0, P = 80.0 }\n"
+                     "fedreg = { G = 60.0, P = 90.0 }\n")  # fmt: skip
+    assert main([str(tmp_path / "runs"), "--cells", "fedreg", "--paper", str(paper),
+                 "--out", str(tmp_path / "p")]) == 0  # fmt: skip
+    compared = (tmp_path / "p" / "table.md").read_text().split("against 000")[1]
+    assert "| fedreg | 70.00 ± 0.00 | 60.00 | +10.00 |" in compared  # best G 0.7, two seeds
+    assert "fedavg" not in compared  # a published cell left out is not a row of dashes
     assert main([str(tmp_path / "runs"), "--out", str(tmp_path / "all")]) == 0
     assert "fedavg/seed1: failed: boom" in (tmp_path / "all" / "table.md").read_text()
     for bad, says in [("fedreg,fedrep", "--cells: 'fedrep' not a cell of these runs: "
