@@ -27,6 +27,9 @@ from tests.inprocess import results, run_server
 from tests.test_replay import refigured, round_record
 
 HERE = describe_environment()
+#: A CPU capability other than this machine's: a literal one reads as "same" on a machine
+#: that reports it (session 44 ran on an AVX2 AMD EPYC, where "AVX2" was not another kind)
+OTHER_CAPABILITY = "AVX512" if HERE["cpu_capability"] == "AVX2" else "AVX2"
 
 
 def test_the_description_names_this_torch_and_cpu_kind() -> None:
@@ -46,9 +49,9 @@ def test_cpu_model_reads_cpuinfo_and_survives_its_absence(tmp_path: Path) -> Non
 def test_a_note_names_each_key_that_differs_and_none_when_all_agree() -> None:
     assert environment_note(dict(HERE), HERE) is None
     assert environment_note({**HERE, "flwr": "0.0"}, HERE) is None  # not a numeric key
-    note = environment_note({**HERE, "cpu_capability": "AVX2", "torch": "2.13.0"}, HERE)
+    note = environment_note({**HERE, "cpu_capability": OTHER_CAPABILITY, "torch": "2.13.0"}, HERE)
     assert note is not None
-    assert f"cpu_capability 'AVX2' -> {HERE['cpu_capability']!r}" in note
+    assert f"cpu_capability {OTHER_CAPABILITY!r} -> {HERE['cpu_capability']!r}" in note
     assert f"torch '2.13.0' -> {HERE['torch']!r}" in note
     assert "(cpu " not in note and "; cpu " not in note  # the model name agreed
     assert "names no environment" in environment_note(None, HERE)
@@ -87,7 +90,7 @@ def test_a_replay_by_other_code_says_so_and_an_older_record_is_not_judged() -> N
 def test_a_resume_keeps_the_first_environment_and_records_its_own(tmp_path: Path) -> None:
     """The rounds kept from the first attempt were made in its environment: a resume on
     another machine must not relabel them, and records its own beside its round."""
-    first = {**HERE, "cpu_capability": "AVX2"}
+    first = {**HERE, "cpu_capability": OTHER_CAPABILITY}
     writer = ResultsWriter(tmp_path / "run", {}, {"run_id": 1, "environment": first})
     writer.add(RoundRecord(1, 0.1, 0.2, 0.0, 1.0, 1.0, 10))
     resumed = ResultsWriter.resume(tmp_path / "run", {}, {"run_id": 2, "environment": HERE}, 1)
@@ -131,7 +134,7 @@ def test_replay_says_when_the_record_was_made_elsewhere(
     same = write_record(tmp_path / "same", {"environment": HERE})
     assert main([str(same), "--rounds", "2", "--out", str(tmp_path / "r1")]) == 0
     assert "environment" not in capsys.readouterr().out
-    other = {**HERE, "cpu_capability": "AVX2"}
+    other = {**HERE, "cpu_capability": OTHER_CAPABILITY}
     elsewhere = write_record(
         tmp_path / "elsewhere",
         {"environment": HERE, "resumed": [{"run_id": 5, "after_round": 1, "environment": other}]},
@@ -139,8 +142,8 @@ def test_replay_says_when_the_record_was_made_elsewhere(
     assert main([str(elsewhere), "--rounds", "2", "--out", str(tmp_path / "r2")]) == 0
     printed = capsys.readouterr().out
     assert (
-        "replay: note: rounds after 1: recorded in another environment (cpu_capability 'AVX2'"
-        in printed
+        "replay: note: rounds after 1: recorded in another environment (cpu_capability "
+        f"{OTHER_CAPABILITY!r}" in printed
     )
     assert printed.count("another environment") == 1
     unknown = write_record(tmp_path / "unknown", {})
