@@ -242,6 +242,11 @@ class Skipped:
     status: str  # failed, running, stopped, or "no results" / "unreadable"
     error: str | None = None
 
+    @property
+    def cell(self) -> str:
+        """The cell folder the seed folder lies in, as :attr:`RunResult.cell` names it."""
+        return self.seed_folder.parent.name
+
     def line(self, root: Path | Sequence[Path]) -> str:
         """``- <experiment>/<cell>/seed<k>: <status>: <first line of the error>``; with
         several roots the path keeps the name of the root it lies under."""
@@ -267,14 +272,14 @@ class Collection:
         are, before anything is written."""
         if not only:
             return self
-        present = {r.cell for r in self.results} | {s.seed_folder.parent.name for s in self.skipped}
+        present = {r.cell for r in self.results} | {s.cell for s in self.skipped}
         unknown = [name for name in only if name not in present]
         if unknown:
             raise ConfigError(f"--cells: {', '.join(map(repr, unknown))} not a cell of these "
                               f"runs: expected some of {', '.join(sorted(present))}")  # fmt: skip
         return Collection(
             [r for r in self.results if r.cell in only],
-            [s for s in self.skipped if s.seed_folder.parent.name in only],
+            [s for s in self.skipped if s.cell in only],
         )
 
     def unfinished_note(self) -> str:
