@@ -510,12 +510,12 @@ def test_what_the_superlink_refuses_to_start_with(certificates: Path, tmp_path: 
 
 
 @pytest.mark.skipif(shutil.which("lsof") is None, reason="needs lsof")
-def test_the_readme_stops_exactly_the_managed_local_superlink(
+def test_the_guide_stops_exactly_the_managed_local_superlink(
     probe_app: Path, tmp_path: Path
 ) -> None:
-    """README: ``flwr run`` leaves a detached simulation SuperLink running; this finds it
-    by its port and stops it with what it spawned, mid-run. Another SuperLink on the
-    machine (another user's, on other ports) keeps running."""
+    """Getting started: ``flwr run`` leaves a detached simulation SuperLink running; this
+    finds it by its port and stops it with what it spawned, mid-run. Another SuperLink on
+    the machine (another user's, on other ports) keeps running."""
     port = free_port()
     env = base_env(
         FLWR_HOME=str(tmp_path / "flwr_home"),
@@ -540,7 +540,7 @@ def test_the_readme_stops_exactly_the_managed_local_superlink(
         started = tree([pid])
         with LocalSuperLink(tmp_path / "another_users_home") as other:
             assert other.process is not None and other.process.pid not in started
-            subprocess.run(["bash", "-c", readme_stop_commands()], env=env, check=True,
+            subprocess.run(["bash", "-c", guide_stop_commands()], env=env, check=True,
                            timeout=120)  # fmt: skip
             assert_all_stopped(started, timeout=15)
             assert other.process.poll() is None  # the other SuperLink was left alone
@@ -549,9 +549,10 @@ def test_the_readme_stops_exactly_the_managed_local_superlink(
             os.kill(leftover, 9)
 
 
-def readme_stop_commands() -> str:
-    """The README's bash block that stops the managed local SuperLink, as written there."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme.split("```bash")[1:]]
+def guide_stop_commands() -> str:
+    """The bash block of the getting-started guide that stops the managed local
+    SuperLink, as written there."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "getting-started.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in guide.split("```bash")[1:]]
     [block] = [b for b in blocks if "lsof -t" in b]
     return textwrap.dedent(block)
