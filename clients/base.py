@@ -45,7 +45,12 @@ from fedreg_app.training import (
 class PersonalEpochs(AlgorithmOptions):
     """``personal-epochs``, shared by Ditto (v_k's epochs) and FedRep (the head's)."""
 
-    personal_epochs: int = option("personal-epochs", 5, "an integer >= 1", at_least(1))
+    personal_epochs: int = option(
+        "personal-epochs", 5, "an integer >= 1", at_least(1),
+        doc="Epochs of Ditto's personal model, and of FedRep's and FedAvg2Rep's head "
+        "before their base.",
+        source="paper §4.2, thesis §5.3",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,21 @@ PERSONAL_INITS = ("initial", "global")
 
 @dataclass(frozen=True)
 class DittoOptions(PersonalEpochs):
-    #: The paper gives no lambda; 0.1 is this project's choice (README key table).
-    lam: float = option("ditto-lambda", 0.1, "a number >= 0 (pull toward the global model)",
-                        at_least(0))  # fmt: skip
+    lam: float = option(
+        "ditto-lambda", 0.1, "a number >= 0 (pull toward the global model)", at_least(0),
+        doc="λ: the pull of the personal model toward the global one.",
+        source="our choice: neither paper nor thesis gives λ. PFLlib takes it from the "
+        "`-mu` flag it shares with FedProx (default 0.0: no pull), so the thesis's runs "
+        "had 0.0 or FedProx's 0.001, which cannot be told",
+    )  # fmt: skip
     personal_init: str = option(
         "ditto-personal-init", "initial", f"one of {', '.join(PERSONAL_INITS)}",
         lambda value: value in PERSONAL_INITS,
+        doc="A client's personal model before its first training: `initial`, the seeded "
+        "initial model (a never-sampled client is evaluated with it); `global`, the "
+        "current global model.",
+        source="PFLlib `clientditto.py` (`model_per` copied from the initial model at "
+        "construction, never overwritten by the server's)",
     )  # fmt: skip
 
 

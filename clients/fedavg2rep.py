@@ -36,8 +36,11 @@ PERSONAL_HEAD = "fedavg2rep-head"
 
 @dataclass(frozen=True)
 class FedAvg2RepOptions(FedRepOptions):
-    warmup_rounds: int = option("fedavg2rep-warmup-rounds", 5, "an integer >= 0 (T1)",
-                                at_least(0))  # fmt: skip
+    warmup_rounds: int = option(
+        "fedavg2rep-warmup-rounds", 5, "an integer >= 0 (T1)", at_least(0),
+        doc="T1: rounds of FedAvg before FedRep.",
+        source="`003` Algorithm 3 (the value is ours; `003` runs 500 warm-up rounds)",
+    )  # fmt: skip
 
 
 def in_warmup(server_round: int, warmup_rounds: int) -> bool:

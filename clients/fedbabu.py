@@ -39,11 +39,27 @@ FINETUNE_WHEN = ("final", "every-eval")
 
 @dataclass(frozen=True)
 class FedBABUOptions(AlgorithmOptions):
-    finetune_epochs: int = option("finetune-epochs", 10, "an integer >= 0", at_least(0))
-    finetune_base: bool = option("finetune-base", False, "true or false")
+    finetune_epochs: int = option(
+        "finetune-epochs", 10, "an integer >= 0", at_least(0),
+        doc="Epochs of fine-tuning the head on the client's own data.",
+        source="paper §4.2, thesis §5.3",
+    )  # fmt: skip
+    finetune_base: bool = option(
+        "finetune-base", False, "true or false",
+        doc="Fine-tune the base and the head, not the head only.",
+        source='paper §4.2 ("the head part is re-tuned"); PFLlib\'s `fine_tune` defaults '
+        "to base and head (`true`)",
+    )  # fmt: skip
     finetune_when: str = option(
         "finetune-when", "final", f"one of {', '.join(FINETUNE_WHEN)}",
         lambda value: value in FINETUNE_WHEN,
+        doc="`final`: fine-tune once, after the last round, from the final aggregated "
+        "base: the final personal accuracy (before it, P = G: the aggregated base with "
+        "the shared initial head). `every-eval`: fine-tune before every evaluation.",
+        source="PFLlib `serverbabu.py` (after the last round; the paper's FMNIST cell has "
+        "G = P = 80.49). PFLlib sends no model after the last aggregation, so it "
+        "fine-tunes a client's own base if it trained in the last round, else the "
+        "previous global base",
     )  # fmt: skip
 
 

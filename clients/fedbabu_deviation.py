@@ -25,10 +25,24 @@ FINETUNE_PHASE = "deviation-finetune"
 class DeviationOptions(AlgorithmOptions):
     """w, epsilon and F of ``002_…`` eq. 7-9."""
 
-    window: int = option("deviation-window", 5, "an integer >= 1 (w)", at_least(1))
-    epsilon: float = option("deviation-epsilon", 0.001, "a number > 0", lambda v: v > 0)
-    finetune_rounds: int = option("deviation-finetune-rounds", 5, "an integer >= 1 (F)",
-                                  at_least(1))  # fmt: skip
+    window: int = option(
+        "deviation-window", 5, "an integer >= 1 (w)", at_least(1),
+        doc="w: the rounds over which σ_w, the standard deviation of all clients' "
+        "accuracies, is taken.",
+        source="`002` eq. 7-8 (the value is ours)",
+    )  # fmt: skip
+    epsilon: float = option(
+        "deviation-epsilon", 0.001, "a number > 0", lambda v: v > 0,
+        doc="ε: the fine-tune round R is the first at which σ_w falls and "
+        "its second difference is below ε in size.",
+        source="`002` eq. 9 (the value is ours)",
+    )  # fmt: skip
+    finetune_rounds: int = option(
+        "deviation-finetune-rounds", 5, "an integer >= 1 (F)", at_least(1),
+        doc="F: rounds after R in which every client trains base and head, averaged; the "
+        "run ends after them. If no R is found, R = `num-server-rounds` − F.",
+        source="`002` Algorithm 1 (the value is ours)",
+    )  # fmt: skip
 
     def check(self, config: RunConfig) -> None:
         if config.eval_every != 1:

@@ -25,7 +25,13 @@ CORRECTION = "feddyn-correction"
 @dataclass(frozen=True)
 class FedDynOptions(AlgorithmOptions):
     #: The server divides by alpha (w_g = mean - h / alpha): it must be positive.
-    alpha: float = option("dyn-alpha", 0.01, "a number > 0", lambda v: v > 0)
+    alpha: float = option(
+        "dyn-alpha", 0.01, "a number > 0", lambda v: v > 0,
+        doc="α of the regulariser α/2‖w − w_g‖², squared as in the FedDyn paper.",
+        source="paper §4.2, thesis §5.3. PFLlib's `clientdyn.py` adds α/2‖w − w_g‖ "
+        "unsquared (a gradient of constant length α/2): the thesis's FedDyn figures may "
+        "come from that form",
+    )  # fmt: skip
 
 
 class FedDynClient(FedAvgClient):

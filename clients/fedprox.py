@@ -15,8 +15,11 @@ from fedreg_app.training import LossFn
 
 @dataclass(frozen=True)
 class FedProxOptions(AlgorithmOptions):
-    mu: float = option("prox-mu", 0.001, "a number >= 0 (weight of the proximal term)",
-                       at_least(0))  # fmt: skip
+    mu: float = option(
+        "prox-mu", 0.001, "a number >= 0 (weight of the proximal term)", at_least(0),
+        doc="μ: the weight of the proximal term.",
+        source="paper §4.2, thesis §5.3 (FedProx's code, as FedRoD)",
+    )  # fmt: skip
 
 
 class FedProxClient(FedAvgClient):

@@ -89,26 +89,46 @@ class FedReGOptions(AlgorithmOptions):
     default_head_depth: ClassVar[int] = 2
 
     head_weight: str = option(
-        "fedreg-head-weight",
-        "effective",
-        f"one of {', '.join(HEAD_WEIGHTS)}",
+        "fedreg-head-weight", "effective", f"one of {', '.join(HEAD_WEIGHTS)}",
         lambda v: v in HEAD_WEIGHTS,
-    )
-    private_head: bool = option("fedreg-private-head", True, "true or false")
-    rebalance: bool = option("fedreg-rebalance", True, "true or false")
-    original_step: bool = option("fedreg-original-step", True, "true or false")
+        doc="Weight of a client's `head_g` in aggregation: `effective`, the non-augmented "
+        "samples of its rebalanced set; `original`, its train size (ablation (a)).",
+        source="paper §3.5, §4.7",
+    )  # fmt: skip
+    private_head: bool = option(
+        "fedreg-private-head", True, "true or false",
+        doc="`false`: ablation (b), one head, trained on the original data, then on the "
+        "rebalanced data.",
+        source="paper §4.7",
+    )  # fmt: skip
+    rebalance: bool = option(
+        "fedreg-rebalance", True, "true or false",
+        doc="`false`: ablation (c), step 2 on the original data.",
+        source="paper §4.7",
+    )  # fmt: skip
+    original_step: bool = option(
+        "fedreg-original-step", True, "true or false",
+        doc="`false`: ablation (d), only the rebalanced step.",
+        source="paper §4.7",
+    )  # fmt: skip
     schedule: str = option(
-        "fedreg-schedule",
-        "interleaved",
-        f"one of {', '.join(SCHEDULES)}",
+        "fedreg-schedule", "interleaved", f"one of {', '.join(SCHEDULES)}",
         lambda v: v in SCHEDULES,
-    )
+        doc="How the E local epochs wrap the two steps: `interleaved`, each epoch one pass "
+        "of step 1, then one of step 2; `sequential`, E epochs of step 1, then E of "
+        "step 2.",
+        source="our reading; neither paper says. The body of the thesis's Algorithm 2 "
+        "(the paper's Algorithm 1) is one pass of each, and PFLlib wraps a round's whole "
+        "body in its epoch loop (`clientrod.py`, `clientavg.py`)",
+    )  # fmt: skip
     step1: str = option(
-        "fedreg-step1",
-        "prose",
-        f"one of {', '.join(STEP1_UPDATES)}",
+        "fedreg-step1", "prose", f"one of {', '.join(STEP1_UPDATES)}",
         lambda v: v in STEP1_UPDATES,
-    )
+        doc="What step 1 updates: `prose`, the base and `head_p` (`head_g` gets gradients "
+        "but does not move); `pseudocode`, `head_g` too.",
+        source="paper §3.2, thesis §3.3.2, their prose; `pseudocode` is the thesis's "
+        "Algorithm 2, line 11",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

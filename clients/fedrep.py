@@ -19,7 +19,13 @@ from fedreg_app.models import BASE, HEAD_G
 
 @dataclass(frozen=True)
 class FedRepOptions(PersonalEpochs):
-    base_epochs: int = option("base-epochs", 1, "an integer >= 1", at_least(1))
+    base_epochs: int = option(
+        "base-epochs", 1, "an integer >= 1", at_least(1),
+        doc="FedRep: base epochs after the head epochs; FedAvg2Rep: whole-model epochs "
+        "after the head epochs.",
+        source='thesis §5.3 ("only one round", after the FedRep paper and code); `003` '
+        "eq. 4. PFLlib's `clientrep.py` trains the base `local-epochs` (5) epochs",
+    )  # fmt: skip
 
 
 class FedRepClient(FedPerClient):

@@ -37,10 +37,17 @@ def _round_list(text: str) -> bool:
 
 @dataclass(frozen=True)
 class FedSeqOptions(AlgorithmOptions):
-    #: "1,4,7": the round each base layer unfreezes; "": evenly spread.
-    unfreeze_rounds: str = option(UNFREEZE_ROUNDS, "", "comma-separated round numbers, or ''",
-                                  _round_list)  # fmt: skip
-    finetune_rounds: int = option(FINETUNE_ROUNDS, 1, "an integer >= 0", at_least(0))
+    unfreeze_rounds: str = option(
+        UNFREEZE_ROUNDS, "", "comma-separated round numbers, or ''", _round_list,
+        doc='The round at which each base layer unfreezes, e.g. `"1,4,7"`; `""`: evenly '
+        "spread over the rounds.",
+        source="`004` Algorithm 1",
+    )  # fmt: skip
+    finetune_rounds: int = option(
+        FINETUNE_ROUNDS, 1, "an integer >= 0", at_least(0),
+        doc="Final rounds in which every client fine-tunes its own base and head.",
+        source="`004` Algorithm 1",
+    )  # fmt: skip
 
     def check(self, config: RunConfig) -> None:
         finetune_rounds(config)

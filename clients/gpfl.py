@@ -85,8 +85,18 @@ def _valve_branch(dim: int) -> nn.Sequential:
 class GPFLOptions(AlgorithmOptions):
     """The FedReG paper's "eta = 0.001 and lambda = 0.1" for GPFL (eta read as GPFL's mu)."""
 
-    lam: float = option("gpfl-lambda", 0.1, "a number >= 0", at_least(0))
-    mu: float = option("gpfl-mu", 0.001, "a number >= 0", at_least(0))
+    lam: float = option(
+        "gpfl-lambda", 0.1, "a number >= 0", at_least(0),
+        doc="λ: the weight of the magnitude-level guidance.",
+        source='paper §4.2 ("η = 0.001 and λ = 0.1 as per the provided source code"). '
+        "That code's CNN setting is λ = 0.01, μ = 0.1: ambiguous; both are measured",
+    )  # fmt: skip
+    mu: float = option(
+        "gpfl-mu", 0.001, "a number >= 0", at_least(0),
+        doc="μ (the paper's η): the L2 weight on the class embeddings and the "
+        "conditional valve.",
+        source="paper §4.2, as `gpfl-lambda`",
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------- the modules

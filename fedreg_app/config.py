@@ -49,13 +49,37 @@ class ConfigError(ValueError):
 
 
 def option(
-    key: str, default: Any, allowed: str, valid: Callable[[Any], bool] = lambda _: True
+    key: str,
+    default: Any,
+    allowed: str,
+    valid: Callable[[Any], bool] = lambda _: True,
+    *,
+    doc: str,
+    source: str,
 ) -> Any:
     """Declare one run-config key of an algorithm: its hyphenated name, its default (whose
-    type is the key's type), what is allowed (for the error) and the check itself."""
+    type is the key's type), what is allowed (for the error) and the check itself; ``doc``
+    says what it does and ``source`` where its default comes from (a paper's section,
+    PFLlib's file, "our choice"). docs/configuration.md's tables are made from these
+    (``python -m fedreg_app.config_doc``)."""
     return dataclasses.field(
-        default=default, metadata={"key": key, "allowed": allowed, "valid": valid}
+        default=default,
+        metadata={"key": key, "allowed": allowed, "valid": valid, "doc": doc, "source": source},
     )
+
+
+def core_key(default: Any, allowed: str, *, doc: str, source: str) -> Any:
+    """Declare one key every algorithm shares (a :class:`RunConfig` field, named as the
+    key with ``_`` for ``-``): its default, what is allowed, what it does and where its
+    default comes from, as :func:`option` does for an algorithm's keys. The checks are in
+    :meth:`RunConfig.validate`."""
+    return dataclasses.field(
+        default=default, metadata={"allowed": allowed, "doc": doc, "source": source}
+    )
+
+
+def _one_of(values: Iterable[Any]) -> str:
+    return f"one of {', '.join(str(value) for value in values)}"
 
 
 def at_least(minimum: float) -> Callable[[Any], bool]:
@@ -105,68 +129,308 @@ Options = TypeVar("Options", bound=AlgorithmOptions)
 
 @dataclass(frozen=True)
 class RunConfig:
-    """All run-config keys, with the defaults of the FedReG paper (Section 4.1)."""
+    """The keys every algorithm shares, each declared with :func:`core_key` (default,
+    allowed values, meaning, source of the default), and the chosen algorithm's options."""
 
-    algo: str = "fedreg"
-    dataset: str = "zalando-datasets/fashion_mnist"
-    dataset_path: str = ""
-    alpha: float = 0.1
-    partition: str = "dirichlet"
-    dirichlet_balance: bool = True
-    shard_classes: int = 2
-    participation_gamma: float = 0.0
-    data_fraction: float = 1.0
-    min_partition_size: int = 10
-    fraction_train: float = 0.25
-    num_server_rounds: int = 10
-    local_epochs: int = 5
-    batch_size: int = 20
-    lr: float = 0.01
-    momentum: float = 0.9
-    #: Leave out each epoch's last batch when it is smaller than ``batch-size``, as
-    #: PFLlib's training loader does (``DataLoader(..., drop_last=True)``, the code the
-    #: thesis ran); a client with fewer samples than a batch then trains nothing.
-    drop_last: bool = True
-    #: "persistent": a client's optimizers (their momentum buffers) are made once and kept
-    #: with its private state from round to round, one per step of an algorithm (thesis
-    #: §3.3.2 and §4.3: FedReG's opt_1 and opt_2 made once per client; PFLlib keeps each
-    #: client's optimizer). "fresh": a new optimizer for every step of every round.
-    optimizer_state: str = "persistent"
-    seed: int = 0
-    model: str = "convnet"
-    #: Linear layers in the head, or "auto": the algorithm's ``default_head_depth`` (1
-    #: for a model whose head is one layer). An int once the config is built, so the
-    #: model, checkpoints and results.json see the depth that ran; ``given`` keeps "auto".
-    head_depth: int | str = HEAD_DEPTH_AUTO
-    threshold: str = "mean"
-    augment: str = "simple"
-    eval_every: int = 1
-    #: Who evaluates the global model: the clients, each on its test split (the server
-    #: sums the counts), or the ServerApp on its own copy of the union test set; "auto":
-    #: the algorithm's choice (clients, except LG-FedAvg).
-    global_eval: str = "auto"
-    results_dir: str = "results"
-    device: str = "auto"
-    #: Where a client trains on CUDA: replay each training step as one captured CUDA
-    #: graph (``fedreg_app/training.py``), not its few dozen kernels one launch at a time.
-    cuda_graphs: bool = False
-    state_dir: str = ""
-    init_model: str = ""
-    resume: str = ""
-    min_train_replies: int = 1
-    reply_timeout: float = 0.0
-    #: Also write each round's scalars as TensorBoard event files beside results.json
-    #: (needs the ``tensorboard`` extra).
-    tensorboard: bool = False
-    #: Client-level differential privacy (``fedreg_app/privacy.py``): "off", "central"
-    #: (the server clips each update and noises the aggregate), "local" (each client
-    #: clips and noises its own update). The other ``dp-`` keys must be set when it is on.
-    dp_mode: str = "off"
-    dp_noise_multiplier: float = 0.0
-    dp_clip: float = 0.0
-    dp_delta: float = 0.0
-    #: Draw the noise from the run's seed (reproducible research) or from OS entropy.
-    dp_seeded_noise: bool = True
+    algo: str = core_key(
+        "fedreg",
+        "an algorithm's name (see meaning)",
+        doc="The algorithm: `fedreg`; the FedReG paper's baselines `fedavg`, `fedprox`, "
+        "`feddyn`, `ditto`, `fedper`, `fedrep`, `fedbabu`, `gpfl`, `fedrod`; the related "
+        "methods `fedbabu-deviation`, `fedavg2rep`, `fedseq-vanilla`, `fedseq-anti`, "
+        "`lg-fedavg`; the references `local` and `centralised`, on the same partition.",
+        source="our choice: the paper's algorithm (`000`)",
+    )
+    dataset: str = core_key(
+        "zalando-datasets/fashion_mnist",
+        "a Hugging Face hub id",
+        doc="The dataset, by its Hugging Face hub id. The datasets and models page lists "
+        "the ones checked.",
+        source="paper §4.1, thesis §5.2 (Fashion-MNIST, one of their datasets)",
+    )
+    dataset_path: str = core_key(
+        "",
+        'an absolute folder path (or ~/...), or ""',
+        doc="A local copy of the dataset in hub layout: a folder with `train.parquet`, and "
+        "`test.parquet` or `valid.parquet` where the dataset has a second split. "
+        '`""`: load `dataset` from the hub. A relative path is refused: the app runs in '
+        "the SuperLink's working directory (`fedreg-experiment` makes it absolute).",
+        source="our choice",
+    )
+    alpha: float = core_key(
+        0.1,
+        "a number > 0",
+        doc="Dirichlet concentration of the label partition: the smaller, the fewer "
+        "classes a client holds.",
+        source="paper §4.1, thesis §5.3 (0.1 and 0.5)",
+    )
+    partition: str = core_key(
+        "dirichlet",
+        _one_of(PARTITIONS),
+        doc="`dirichlet`: label skew by `alpha` (flwr-datasets' `DirichletPartitioner`); "
+        "`dirichlet-topup`: the same, clients below `min-partition-size` topped up from "
+        "the largest (needed for 200-500 clients at `alpha` 0.1); `shard`: "
+        "`shard-classes` classes per client (flwr-datasets' `PathologicalPartitioner`); "
+        "`natural`: the dataset's own clients, such as Shakespeare's speaking roles, one "
+        "per SuperNode, drawn with the seed among those with `min-partition-size` samples.",
+        source="paper §4.1, thesis §5.3 (Dirichlet); `003` (shard, natural)",
+    )
+    dirichlet_balance: bool = core_key(
+        True,
+        "true or false",
+        doc="Dirichlet partitions: each class in turn is split only over the clients not "
+        "yet above the mean partition size (flwr-datasets' `self_balancing`). `false`: "
+        "the plain Dirichlet split.",
+        source="thesis §4.1: its partition code, that of its [38] (PFNM), has this rule, "
+        "as PFLlib's `dataset_utils.py` has",
+    )
+    shard_classes: int = core_key(
+        2,
+        "an integer >= 1",
+        doc='Classes per client with `partition = "shard"`.',
+        source="our choice (`003` varies it: 1, 5, 10, 50)",
+    )
+    participation_gamma: float = core_key(
+        0.0,
+        "a number >= 0",
+        doc="Client sampling. 0: uniform. Above 0: each client's sampling probability is "
+        "drawn once, with the seed, from Dirichlet(γ); the smaller γ, the more skewed.",
+        source="the papers sample uniformly; γ > 0 is `003` §4.4",
+    )
+    data_fraction: float = core_key(
+        1.0,
+        "a fraction in (0, 1]",
+        doc="Keep a seeded random fraction of the pooled dataset, for quick runs.",
+        source="our choice (the sources use whole datasets)",
+    )
+    min_partition_size: int = core_key(
+        10,
+        "an integer >= 2",
+        doc="Fewest samples a client may hold before its 75/25 train/test split "
+        "(paper §4.1). A Dirichlet partition is drawn up to 10 times to give every "
+        "client as many; then the run stops with an error saying what to change.",
+        source="our choice",
+    )
+    fraction_train: float = core_key(
+        0.25,
+        "a fraction in (0, 1]",
+        doc="Fraction of the clients trained each round.",
+        source="thesis §5.3, §5.4.1 (5 of 20 clients); the paper's §4.3 says 0.2 for "
+        "the same figures",
+    )
+    num_server_rounds: int = core_key(
+        10,
+        "an integer >= 1",
+        doc="Rounds of federated training.",
+        source="our choice, for a short first run; the sources run 100 (paper §4.1), as "
+        "the files in `configs/` do",
+    )
+    local_epochs: int = core_key(
+        5,
+        "an integer >= 1",
+        doc="E: local epochs of each training step.",
+        source="paper §4.1, thesis §5.3",
+    )
+    batch_size: int = core_key(
+        20,
+        "an integer >= 1",
+        doc="Mini-batch size of training.",
+        source="paper §4.1, thesis §5.3 (the paper's Table 3: 10 at 100 clients, 1 at 200 and 500)",
+    )
+    lr: float = core_key(
+        0.01,
+        "a number > 0",
+        doc="SGD learning rate.",
+        source="paper §4.1, thesis §5.3",
+    )
+    momentum: float = core_key(
+        0.9,
+        "a number in [0, 1)",
+        doc="SGD momentum. The proximal gradients of FedProx and Ditto go through it too.",
+        source="paper §4.1, thesis §5.3. PFLlib's SGD has none (`clientbase.py`; FedProx's "
+        "and Ditto's `PerturbedGradientDescent` neither)",
+    )
+    drop_last: bool = core_key(
+        True,
+        "true or false",
+        doc="Each epoch leaves out its last batch when it is smaller than `batch-size` (a "
+        "different few samples each epoch, as the order is reshuffled); a client with "
+        "fewer train samples than `batch-size` trains nothing. `false`: every sample "
+        "every epoch, the last batch short. Evaluation always uses every sample.",
+        source="PFLlib's training loader (`clientbase.py`: `DataLoader(..., "
+        "drop_last=True)`), the code the thesis ran; the papers do not say",
+    )
+    optimizer_state: str = core_key(
+        "persistent",
+        _one_of(OPTIMIZER_STATES),
+        doc="`persistent`: each client's optimizers, one per step of its algorithm "
+        "(FedReG's opt_1 and opt_2), are made once and kept with its private state, so "
+        "momentum carries over from round to round; this costs one model copy per "
+        "optimizer per client. `fresh`: a new optimizer for every step of every round.",
+        source="thesis §3.3.2, §4.3 (opt_1 and opt_2 made once per client); PFLlib also "
+        "makes each client's optimizer once, but its plain SGD keeps no state",
+    )
+    seed: int = core_key(
+        0,
+        "an integer from 0 to 2**63 - 1",
+        doc="Seeds the partition, client sampling, initialisation, shuffling and "
+        "augmentation. The bound is Flower's signed 64-bit integer.",
+        source="our choice",
+    )
+    model: str = core_key(
+        "convnet",
+        _one_of(MODELS),
+        doc="`convnet`: the paper's ConvNet, that of FedDyn and FedRoD; `cnn`: the "
+        "2-conv/2-FC CNN of `002` and `004`; `fedavgcnn`: PFLlib's FedAvgCNN; `mlp`: "
+        "input → 100 → classes, for weak devices; `charlstm`: `003`'s next-character "
+        "LSTM for Shakespeare. `mlp` and `charlstm` need `head-depth` 1, `fedavgcnn` 1 or 2.",
+        source="paper §4.1, thesis §5.3",
+    )
+    #: An int once the config is built (``__post_init__``), so the model, checkpoints and
+    #: results.json see the depth that ran; ``given`` keeps "auto".
+    head_depth: int | str = core_key(
+        HEAD_DEPTH_AUTO,
+        HEAD_DEPTH_ALLOWED,
+        doc='Linear layers in the head. `"auto"`: the algorithm\'s own split: 2 for FedReG '
+        "and its ablations, 1 (the last Linear) for every other algorithm and for `mlp` "
+        "and `charlstm`. Resolved when the config is read: `results.json` and "
+        "checkpoints record the number that ran.",
+        source="thesis §5.5, Table 5.4 (FedReG: 2); PFLlib cuts the baselines at "
+        "`model.fc` (`main.py`), and `002`-`004` take the last Linear as the head. The "
+        "FedReG paper does not state the baselines' split",
+    )
+    threshold: str = core_key(
+        "mean",
+        f"{_one_of(THRESHOLD_STATISTICS)}, or an integer >= 1",
+        doc="FedReG's rebalancing target t. `mean`, `median`, `max`, `secmin`: a "
+        "statistic of the client's non-zero class counts; `global-…`: t = D / C, D the "
+        "statistic of all clients' train sizes, C the client's number of classes; an "
+        "integer: that count.",
+        source="thesis §3.3.1, §5.4.3 (the mean, recommended); the paper's Table 1 equals "
+        "the thesis's Table 5.1, made per client. `global-…` reads the paper's §3.4",
+    )
+    augment: str = core_key(
+        "simple",
+        _one_of(AUGMENTATIONS),
+        doc="How FedReG makes the extra samples of its rebalanced set: `simple`, a mild "
+        "5-step augmentation (flip, crop, rotation, colour jitter, affine shift and "
+        "scale); `auto`: torchvision's AutoAugment, CIFAR-10 policy.",
+        source="thesis §5.4.3 (recommended), paper §4.3, Table 1 (simple beats AutoAugment)",
+    )
+    eval_every: int = core_key(
+        1,
+        "an integer >= 1",
+        doc="Evaluate every n rounds, and always after the last.",
+        source="paper §4.1, thesis §5.3 (the best accuracy over all rounds is reported)",
+    )
+    global_eval: str = core_key(
+        "auto",
+        _one_of(GLOBAL_EVALS),
+        doc="Who evaluates the global model: `clients`, each on its test split, the "
+        "counts summed; `server`, the ServerApp on its own copy of the union of the test "
+        "splits; `auto`: the clients, except for LG-FedAvg. Both give the same figures.",
+        source="our choice; the global test set is the union of the clients' test "
+        "splits (paper §4.1)",
+    )
+    results_dir: str = core_key(
+        "results",
+        "a folder",
+        doc="Where run folders are written.",
+        source="our choice",
+    )
+    device: str = core_key(
+        "auto",
+        _one_of(DEVICES),
+        doc="`auto`: CUDA where torch sees a GPU, else the CPU. In Flower's simulation a "
+        "client sees a GPU only when it reserves a share of one (`fedreg-experiment "
+        "--client-gpus 0.1`, or `client-resources-num-gpus`). On CUDA the process uses "
+        "deterministic kernels.",
+        source="our choice",
+    )
+    cuda_graphs: bool = core_key(
+        False,
+        "true or false; false with drop-last = false",
+        doc="Where a client trains on CUDA, capture one training step as a CUDA graph "
+        "after 3 eager warm-up steps and replay it for every other batch; elsewhere it "
+        "changes nothing. Needs `drop-last = true` (a replayed step has one batch size).",
+        source="our choice: opt-in until checked on a GPU inside the training loop",
+    )
+    state_dir: str = core_key(
+        "",
+        'a folder, or ""',
+        doc='Where clients keep their private state and decoded data; `""`: in memory. '
+        "A node's own `--node-config` `state-dir` wins.",
+        source="our choice",
+    )
+    init_model: str = core_key(
+        "",
+        'the absolute path (or ~/...) of a .npz or .pt state dict, or ""',
+        doc="Start from a pre-trained state dict (keys `base.*`, `head_g.*`; `.pt` read "
+        "with PyTorch's `weights_only` loader); a private head starts as its head. The "
+        "record keeps the file's sha256; a node's own copy must hold the same bytes.",
+        source="our choice: a seeded random initial model (`003` also starts from a "
+        "pre-trained one)",
+    )
+    resume: str = core_key(
+        "",
+        'a run folder, or ""',
+        doc="Continue the run in this folder from its last checkpoint.",
+        source="our choice",
+    )
+    min_train_replies: int = core_key(
+        1,
+        "an integer >= 1, at most the clients sampled a round",
+        doc="Fewest training replies a round aggregates; with fewer connected clients "
+        "the server waits.",
+        source="our choice",
+    )
+    reply_timeout: float = core_key(
+        0.0,
+        "seconds >= 0",
+        doc="Seconds to wait for replies; 0: until each node answers or is found gone.",
+        source="our choice",
+    )
+    tensorboard: bool = core_key(
+        False,
+        "true or false",
+        doc="Also write each round's scalars as TensorBoard event files in the run "
+        "folder; needs the `tensorboard` extra.",
+        source="our choice",
+    )
+    dp_mode: str = core_key(
+        "off",
+        _one_of(DP_MODES),
+        doc="Client-level differential privacy: `central`, the server clips each update "
+        "and noises the aggregate; `local`, each client clips and noises its own update. "
+        "The other `dp-` keys must be set when it is on.",
+        source="our choice: the sources train without DP",
+    )
+    dp_noise_multiplier: float = core_key(
+        0.0,
+        "a number >= 0; > 0 when dp-mode is on",
+        doc="z: the noise's standard deviation over the replace-one sensitivity 2C.",
+        source="none: to be set with `dp-mode`",
+    )
+    dp_clip: float = core_key(
+        0.0,
+        "a number >= 0; > 0 when dp-mode is on",
+        doc="C: L2 bound of a client's update, over all the groups it sends, jointly.",
+        source="none: to be set with `dp-mode`",
+    )
+    dp_delta: float = core_key(
+        0.0,
+        "a probability in [0, 1); in (0, 1) when dp-mode is on",
+        doc="δ at which ε is reported, e.g. 1e-5.",
+        source="none: to be set with `dp-mode`",
+    )
+    dp_seeded_noise: bool = core_key(
+        True,
+        "true or false",
+        doc="Draw the DP noise from the run's seed (reproducible research; whoever knows "
+        "the seed can remove it), or, `false`, from the OS's entropy, as a deployment "
+        "that needs the guarantee must.",
+        source="our choice",
+    )
     #: The chosen algorithm's own keys (``prox-mu``, ``fedreg-head-weight``, ...).
     options: AlgorithmOptions = dataclasses.field(default_factory=AlgorithmOptions)
     #: Every key as given (other algorithms' keys too), for ``results.json``.
