@@ -4,7 +4,7 @@
 #
 #   DATASET_PATH=../shared/data/fashion_mnist benchmarks/compare_algorithms.sh [algo ...]
 #
-# Settings (issue 3): 20 clients, alpha 0.1, fraction-train 0.25, local-epochs 1,
+# Settings: 20 clients, alpha 0.1, fraction-train 0.25, local-epochs 1,
 # 10 rounds, seed 0. Override with ROUNDS, CLIENTS, EXTRA (more --run-config pairs).
 set -euo pipefail
 cd "$(dirname "$0")/.."

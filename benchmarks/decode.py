@@ -1,11 +1,12 @@
-"""Decoding a dataset's partitions into tensors, the way before session 27 and now, in one
-invocation, interleaved (before, now, before, now, ...) so that a drifting machine shows.
+"""Decoding a dataset's partitions into tensors, the row-by-row way (*before*) and
+``_to_tensors``'s (*now*), in one invocation, interleaved (before, now, before, now, ...)
+so that a drifting machine shows.
 
 *Before*: the image column fetched lazily and iterated row by row, and every image
 converted to the wanted mode, even one already in it; the labels read through numpy
 from the lazy column, row by row. *Now*: ``fedreg_app.data``'s ``_to_tensors`` (each
-column read in one slice, no conversion where the mode is already right; the labels
-since session 28). Both decode every partition's train split of one partitioning; the
+column read in one slice, the labels too, no conversion where the mode is already
+right). Both decode every partition's train split of one partitioning; the
 pixels and labels must be identical. Every client decodes its partition this way once,
 and the ServerApp (and ``fedreg-experiment``, before it resumes a run) decodes them all
 for their content digests.

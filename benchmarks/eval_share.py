@@ -2,11 +2,11 @@
 interleaved (before, now, before) so that a drifting machine shows:
 
 * ``--compare global-eval`` (the default): the global model evaluated by the ServerApp on
-  its own copy of the union test set (``global-eval=server``, the path before issue 13)
+  its own copy of the union test set (``global-eval=server``)
   or by each client on its test split in the same pass as its personal model
   (``global-eval=clients``);
 * ``--compare eval-batch``: clients evaluating in batches of 512 (``FEDREG_EVAL_BATCH=512``,
-  what every run used before) or of the CPU default (128 per thread).
+  what every run used before 0.3.0) or of the CPU default (128 per thread).
 
 Each run: ``flwr run`` in Flower's simulation, every round evaluated (``eval-every=1``),
 all clients evaluated. From ``results.json``: evaluation seconds over the round's seconds,

@@ -14,8 +14,7 @@ on one machine, one after the other::
 
 ``--graphs`` replays each step as one captured CUDA graph (the batch copied into static
 inputs; every batch is full with ``drop-last``), to see how much of a step is the launch
-of its few dozen small kernels rather than their work (not yet run on a GPU: session 32
-had spent its time when it was written).
+of its few dozen small kernels rather than their work.
 
 Ends with ``gpu_processes: procs=... graphs=... steps_per_s=... per_process=...``.
 """

@@ -1,4 +1,4 @@
-"""Side by side with peers (issue 13): the same FedAvg work in PFLlib, in Apple's
+"""Side by side with peers: the same FedAvg work in PFLlib, in Apple's
 pfl-research (``pfl``) and in this project, one after another in one invocation.
 
 The work: PFLlib's FedAvgCNN (``model='fedavgcnn'`` here), this project's partition of the

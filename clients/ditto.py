@@ -12,8 +12,8 @@ Before a client's first training it has no v_k of its own (``ditto-personal-init
   initial model (seeded, or ``init-model``: identical on every client). A never-sampled
   client is evaluated with that untrained model, and a client's first personal training
   starts from it (pulled toward the current global model).
-- ``"global"``: v_k starts as a copy of the current global model, for both (this
-  project's earlier behaviour).
+- ``"global"``: v_k starts as a copy of the current global model, for both (the
+  behaviour before 0.2.0).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ Personal model (``finetune-when``):
   final aggregated base; PFLlib, which sends no model after the last aggregation,
   fine-tunes each client's model as it stands: a client trained in the last round its
   own locally trained base, the others the previous round's global base.
-- ``"every-eval"``: that fine-tuning before every evaluation (this project's earlier
-  behaviour), so every round reports a fine-tuned personal accuracy.
+- ``"every-eval"``: that fine-tuning before every evaluation (the behaviour before
+  0.2.0), so every round reports a fine-tuned personal accuracy.
 
 Fine-tuning touches the head only, as the FedReG paper describes FedBABU (Section 4.2:
 "the head part is re-tuned with local data for local testing"); it trains on the frozen

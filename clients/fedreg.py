@@ -20,7 +20,7 @@ What the sources leave open, one switch each:
   batch inside the one epoch loop; likewise clientavg, clientper, clientgpfl; PFLlib runs
   steps one after the other only where each has its own epoch count, as FedRep's
   ``plocal_epochs`` head epochs before its base epochs). ``sequential``: E epochs of
-  step (1), then E epochs of step (2) — this project's earlier behaviour, reproduced bit
+  step (1), then E epochs of step (2) — the behaviour before 0.2.0, reproduced bit
   for bit. Under both, every pass of a step draws its shuffle from the step's one seeded
   generator of the round (client, round, step), so each epoch gets a new order and the
   e-th pass of a step the same order under either schedule; and each step keeps one

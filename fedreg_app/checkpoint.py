@@ -242,7 +242,7 @@ def clients_record(
 ) -> dict[str, Any]:
     """What a checkpoint keeps of its federation: the number of partitions, and each
     partition's (train, test) split sizes and content digest where the ServerApp knows
-    them (every algorithm's since session 29; earlier, not the references')."""
+    them (every algorithm's since 0.3.0; in earlier versions, not the references')."""
     split_sizes = [list(sizes[p]) for p in range(num_clients)] if sizes else None
     split_digests = [digests[p] for p in range(num_clients)] if digests else None
     return {

@@ -649,12 +649,12 @@ def is_whole(value: Any) -> bool:
 
 
 #: Keys added after runs were recorded, whose default is not what those runs did: the
-#: value with which a recorded config that lacks the key ran (before session 32 every
-#: epoch trained its last partial batch; before session 31 every Dirichlet partition was
-#: drawn without self-balancing; before issue 14, optimizers were made afresh, FedReG
-#: ran its steps in sequence, Ditto's personal model started from the global one and
-#: FedBABU fine-tuned before every evaluation). Read every recorded
-#: config through :func:`as_ran`, or an old record passes for today's default setting.
+#: value with which a recorded config that lacks the key ran (before 0.4.0 every epoch
+#: trained its last partial batch; before 0.3.0 every Dirichlet partition was drawn
+#: without self-balancing; before 0.2.0 optimizers were made afresh, FedReG ran its
+#: steps in sequence, Ditto's personal model started from the global one and FedBABU
+#: fine-tuned before every evaluation). Read every recorded config through
+#: :func:`as_ran`, or an old record passes for the current default setting.
 EARLIER_MEANING: dict[str, Any] = {
     "dirichlet-balance": False,
     "drop-last": False,

@@ -444,7 +444,7 @@ def split_digests(key: PartitionKey) -> dict[int, str]:
     test split, one partition decoded at a time): what a checkpoint needs to tell that
     the data at ``dataset-path`` were replaced by others of the same sizes (a lossy copy,
     a corrected file), on which a resume would continue the run's model. About 6 s for
-    Fashion-MNIST's 70,000 images on this project's CPU machine."""
+    Fashion-MNIST's 70,000 images on a 2-core CPU."""
     return digests_and_unions(key)[0]
 
 

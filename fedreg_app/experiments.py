@@ -704,7 +704,7 @@ def data_change(checkpoint: Checkpoint, config: RunConfig) -> str | None:
     the content digests, about 9 s for Fashion-MNIST. Raises what reading the data raises:
     data that cannot be read are not data that changed."""
     recorded = checkpoint.clients or {}
-    if not recorded.get("split_sizes"):  # an earlier version's (a reference's, until session 29)
+    if not recorded.get("split_sizes"):  # an earlier version's (a reference's, before 0.3.0)
         return None
     num_clients = recorded["num_clients"]
     key = PartitionKey.from_config(config, num_clients)

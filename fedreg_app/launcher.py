@@ -181,9 +181,9 @@ WATCH_POLL_S = 1.0
 
 def watchdog(owner: int, superlink: int) -> None:
     """Stop ``superlink`` and everything below it once ``owner`` (the runner that started
-    it) is gone. A runner killed by SIGKILL cannot stop its SuperLink: it ran on, the
-    simulation finished the run unsupervised, and the next runner deleted the database
-    of the live SuperLink (a walk-through, session 31). Run in a process of its own."""
+    it) is gone. A runner killed by SIGKILL cannot stop its SuperLink: without this
+    watchdog it runs on, the simulation finishes the run unsupervised, and the next
+    runner deletes the database of the live SuperLink. Run in a process of its own."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the owner's to handle
     while _alive(owner) and _alive(superlink):
         time.sleep(WATCH_POLL_S)

@@ -566,8 +566,8 @@ def relayout_results(path: Path) -> bool:
 #: a resume must begin from the same weights.
 INIT_MODEL_SHA256 = "init_model_sha256"
 
-#: Fields RoundRecord gained after checkpoints began to seal results.json (session 30)
-#: but before seals named the fields they hashed: such a seal hashed all the others.
+#: Fields RoundRecord gained after checkpoints began to seal results.json but before
+#: seals named the fields they hashed: such a seal hashed all the others.
 UNNAMED_SEAL_LATER_FIELDS = frozenset({"global_model_kept"})
 
 

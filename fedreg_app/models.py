@@ -175,10 +175,10 @@ def cnn_layers(info: DatasetInfo) -> list[nn.Module]:
 
 
 def fedavgcnn_layers(info: DatasetInfo) -> list[nn.Module]:
-    """PFLlib's ``FedAvgCNN`` (issue 13, side by side with peers): the same layers with
-    'valid' convolutions, so the flattened size is ``64 * 4 * 4 = 1024`` on 28x28 inputs
-    and ``64 * 5 * 5 = 1600`` on 32x32. Same parameter shapes and layer order as PFLlib's
-    (conv1, conv2, fc1, fc)."""
+    """PFLlib's ``FedAvgCNN`` (for ``benchmarks/vs_peers.py``, side by side with peers):
+    the same layers with 'valid' convolutions, so the flattened size is
+    ``64 * 4 * 4 = 1024`` on 28x28 inputs and ``64 * 5 * 5 = 1600`` on 32x32. Same
+    parameter shapes and layer order as PFLlib's (conv1, conv2, fc1, fc)."""
     return two_conv_cnn(info, padding=0)
 
 

@@ -445,8 +445,8 @@ def seal_problem(seal: Seal | None, document: dict[str, Any]) -> str | None:
     """A record beside a checkpoint must be the one it sealed (``seal``, read before the
     record: see :func:`read_sealed`): the same run, the rounds up to the checkpoint's, and
     the setting it was made with. A record edited by hand, its figures and best values
-    made consistent, or its config changed, was published and taken as finished (an
-    audit, session 31); the seal was checked on resume only."""
+    made consistent, or its config changed, would otherwise be published and taken as
+    finished: checking the seal on resume alone does not catch it."""
     if seal is None:
         return None
     if seal.results is not None:
@@ -465,7 +465,7 @@ def read_sealed(path: Path) -> tuple[Any, Seal | None]:
     """The results.json at ``path`` and its checkpoint's seal, the seal read first. A
     running round writes results.json, then its checkpoint: read in that order, a round
     committed between the two reads would show a checkpoint ahead of the record, and a
-    running run would be named invalid (session 33). Raises what reading or parsing
+    running run would be named invalid. Raises what reading or parsing
     results.json raises."""
     seal = read_seal(path.parent)
     return json.loads(path.read_text()), seal

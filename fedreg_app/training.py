@@ -29,9 +29,9 @@ MIN_EVAL_BATCH = 64
 #: convolutional models here ran 1.07-1.41x faster at 128 samples than at 512, where a
 #: layer's activations no longer fit in the caches, and the char-LSTM 1.08-1.14x; the
 #: MLP, one matrix product per layer, at 0.87-0.88x (two runs of
-#: ``benchmarks/eval_batch.py``; docs/results.md, benchmark (d)).
+#: ``benchmarks/eval_batch.py``; docs/performance.md).
 CPU_EVAL_BATCH_PER_THREAD = 128
-#: A GPU's evaluation batch: what every run before issue 13 used on any device.
+#: A GPU's evaluation batch: what every run before 0.3.0 used on any device.
 GPU_EVAL_BATCH = 512
 
 
@@ -268,7 +268,7 @@ def _graphed_epochs(
     Why: a step of the small models here is a few dozen kernels of a few microseconds,
     so an eager step is mostly their launches from Python. On an H200 one process ran
     299 eager steps a second at batch 20 and 2,758 replayed ones
-    (``benchmarks/gpu_processes.py --graphs``, docs/results.md, session 34), and a round
+    (``benchmarks/gpu_processes.py --graphs``, docs/performance.md), and a round
     waits for its largest client's steps, one after another."""
     steps = len(data) // batch_size
     if steps == 0:

@@ -90,10 +90,10 @@ def test_every_algorithm_runs_in_process_and_resumes_a_kill_to_the_same_run(
     algorithms' last-round steps, FedBABU's fine-tuning, are under way) and resumed from
     its folder: every round's record (all but clocks and hosts), the run's figures, the
     final global model and every client's private state equal the uninterrupted run's,
-    bit for bit, for every algorithm, each with its own server and client state. Before,
-    an evaluated client deleted its state of the round before as superseded, which the
-    resume then needed: it started afresh (`state_resets`) and every algorithm's final
-    model differed. (One test: the uninterrupted run is the one checked, not run twice;
+    bit for bit, for every algorithm, each with its own server and client state. An
+    evaluated client that deleted its state of the round before as superseded, which the
+    resume needs, would start afresh (`state_resets`) and every algorithm's final model
+    would differ. (One test: the uninterrupted run is the one checked, not run twice;
     a kill mid-training is `test_reliability.py`'s, more moments ``--resume-matrix``'s.)"""
     config = run_config(algo, request.getfixturevalue(dataset_fixture(algo)), tmp_path)
     run_whole(tmp_path, config)

@@ -59,9 +59,9 @@ def test_restore_takes_the_newest_version_up_to_the_round_and_drops_the_rest(
 
 def test_evaluation_keeps_the_version_a_resume_of_its_round_needs(tmp_path: Path) -> None:
     """Evaluation in round 3 sees round 3's state, but the server's checkpoint is round
-    2's until round 3 ends: a kill now runs round 3 again, whose training needs the
-    version before 3. Evaluation deleted it as superseded, so the resumed client started
-    afresh. It keeps it now; the next round's message drops it."""
+    2's until round 3 ends: a kill then runs round 3 again, whose training needs the
+    version before 3. Were evaluation to delete it as superseded, the resumed client
+    would start afresh. Evaluation keeps it; the next round's message drops it."""
     folder = tmp_path / "partition-0"
     for server_round in (1, 3):  # sampled in rounds 1 and 3
         state = RecordDict()
@@ -253,9 +253,10 @@ def test_a_deviation_phase_that_is_not_a_bool_is_refused_through_the_message_unt
     grey_dataset: Path, tmp_path: Path, crafted: Any
 ) -> None:
     """FedBABU with deviation tracking reads from the server whether the fine-tune phase
-    has begun. A string "false" was read as truthy and switched the node to training its
-    head; an int or a float was taken on trust. Sent over the wire in a train message,
-    each is refused naming the key, before the node's state is read or written."""
+    has begun. A string "false" read as truthy would switch the node to training its
+    head; an int or a float must not be taken on trust either. Sent over the wire in a
+    train message, each is refused naming the key, before the node's state is read or
+    written."""
     run_config = {**node_config(grey_dataset, tmp_path / "state"),
                   "algo": "fedbabu-deviation"}  # fmt: skip
     context = node_context(run_config)
@@ -341,11 +342,11 @@ def message_with(context: Context, server_round: int, arrays: dict,
 def test_a_round_that_leaves_non_finite_state_is_not_kept_and_the_next_round_trains(
     grey_dataset: Path, tmp_path: Path, algo: str
 ) -> None:
-    """A global model of finite but huge values (1e30) makes training overflow. The
-    client saved the NaN it produced as its private state (FedReG's head_p and momentum,
-    FedDyn's correction), and then failed, or trained on NaN, in every round after. Now
-    the round is refused with a message saying so, nothing of it is saved, and the next
-    honest round trains from the last sound state."""
+    """A global model of finite but huge values (1e30) makes training overflow. A client
+    that saved the NaN it produced as its private state (FedReG's head_p and momentum,
+    FedDyn's correction) would fail, or train on NaN, in every round after. The round is
+    refused with a message saying so, nothing of it is saved, and the next honest round
+    trains from the last sound state."""
     run_config = {**node_config(grey_dataset, tmp_path / "state"), "algo": algo}
     context = node_context(run_config)
     client_app.train(message_with(context, 1, honest_arrays(context)), context)

@@ -146,7 +146,7 @@ def test_pyproject_declares_exactly_the_keys_and_defaults_of_the_code() -> None:
     assert declared_keys() == declared["tool"]["flwr"]["app"]["config"]
 
 
-# --- head-depth = "auto": each algorithm's own split (issue 14, item 2) -------------------
+# --- head-depth = "auto": each algorithm's own split ----------------------------------------
 
 BASELINES = sorted(set(ALGORITHMS) - {"fedreg"})
 
@@ -234,7 +234,7 @@ def test_resuming_a_checkpoint_of_another_head_depth_is_refused() -> None:
 
 def test_a_record_of_an_earlier_version_is_compared_and_replayed_as_it_ran(tmp_path) -> None:
     """A key added since a run was recorded, whose default is not what that run did, must
-    not let the old record pass for today's default: before session 31 every Dirichlet
+    not let the old record pass for today's default: before 0.3.0 every Dirichlet
     partition was drawn without balancing, so a record without `dirichlet-balance` is of
     another setting than today's default, and its replay draws as it did."""
     from fedreg_app.config import as_ran, setting_differences
@@ -254,9 +254,9 @@ def test_a_record_of_an_earlier_version_is_compared_and_replayed_as_it_ran(tmp_p
 
 
 def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
-    """A review (session 31): a shard or natural partition's earlier record was read as
-    `dirichlet-balance = false` (a key that cannot change it), so its resume was refused
-    and its finished run taken for another setting; a FedAvg record got FedBABU's
+    """A shard or natural partition's earlier record must not be read as
+    `dirichlet-balance = false` (a key that cannot change it): its resume would be refused
+    and its finished run taken for another setting; nor may a FedAvg record get FedBABU's
     `finetune-when`. The algorithm keys apply to the algorithms that declare them."""
     from fedreg_app.config import (
         EARLIER_MEANING,

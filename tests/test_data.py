@@ -209,7 +209,7 @@ def test_dirichlet_balance_gives_no_class_to_a_client_above_the_mean(
 ) -> None:
     """`dirichlet-balance` (default true): the PFNM partition code the thesis cites for
     its Dirichlet split ([38]; PFLlib's alike) stops giving classes to clients already
-    above the mean size. This project drew without it until session 31."""
+    above the mean size. Versions before 0.3.0 drew without it."""
     clients = 8
     keys = {balance: key_for(grey_dataset, clients, alpha=0.1, partition=partition,
                              **{"dirichlet-balance": balance, "min-partition-size": 2})
@@ -344,9 +344,9 @@ def test_emnist_idx_files_become_an_upright_hub_layout_dataset(tmp_path: Path) -
 def test_damaged_emnist_files_are_named_and_leave_the_target_as_it_was(
     tmp_path: Path, capsys, damage: str, named: str
 ) -> None:
-    """An audit (session 31): each of these raised a raw traceback naming no file
-    (ArrowInvalid, a ClassLabel error, a negative offset), and train.parquet was written
-    before test was read, so a damaged test part left a new train beside an old test."""
+    """Each of these damages stops the conversion naming its file (not a raw traceback of
+    ArrowInvalid, a ClassLabel error or a negative offset), and both parts are read before
+    train.parquet is written, so a damaged test part leaves the old train in place."""
     from fedreg_app.convert import main
 
     source, target = tmp_path / "gzip", tmp_path / "out"
@@ -423,9 +423,9 @@ def test_the_decoded_cache_budget_changes_costs_not_results(
 
 
 def test_the_cache_of_a_replaced_dataset_is_deleted_and_no_other(tmp_path: Path) -> None:
-    """A replaced dataset is decoded again into a new cache folder; the old folder was
-    kept for ever (on a device, a decoded copy of the node's share each time). Now it is
-    deleted once the new one is made; another partitioning's folder (another seed) and a
+    """A replaced dataset is decoded again into a new cache folder; the old folder, which
+    would otherwise stay for ever (on a device, a decoded copy of the node's share each
+    time), is deleted once the new one is made; another partitioning's folder (another seed) and a
     folder with no key file (an older version's) stay."""
     dataset, state_dir = tmp_path / "dataset", tmp_path / "state"
     write_image_dataset(dataset, seed=0)
@@ -514,8 +514,8 @@ def test_a_dataset_changed_in_place_at_the_same_size_is_decoded_again(tmp_path: 
 def test_a_conversion_failing_while_writing_leaves_no_partial_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A review (session 31): a failure while the second part was written left the
-    first part's staged file in the target."""
+    """A failure while the second part is written leaves neither part's staged file in
+    the target."""
     from fedreg_app import convert
 
     source, target = tmp_path / "gzip", tmp_path / "out"

@@ -483,10 +483,10 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_what_to_do_untouche
 
 
 def test_a_rebalanced_set_built_for_other_data_or_parameters_is_not_used(tmp_path: Path) -> None:
-    """The stored set was checked for damage only: two partitions' files swapped (or a
-    copy from another node) were read as each client's own, and FedReG trained its global
-    head on the other client's samples while still declaring its own e_k. Each file now
-    names what it was built from; another train split, other parameters, or a file of an
+    """A stored set checked for damage only would let two partitions' files swapped (or a
+    copy from another node) be read as each client's own, and FedReG would train its
+    global head on the other client's samples while still declaring its own e_k. Each
+    file names what it was built from; another train split, other parameters, or a file of an
     earlier version without that name, is moved aside and the set is built again."""
     mine, theirs = images([20, 3, 0, 7]), images([5, 9, 9, 1], seed=1)
     folder = tmp_path / "state"
@@ -513,9 +513,9 @@ def test_a_rebalanced_set_built_for_other_data_or_parameters_is_not_used(tmp_pat
 def test_records_get_the_mode_open_would_give_them_and_private_state_stays_private(
     tmp_path: Path,
 ) -> None:
-    """A walk-through (session 31): every record was written readable by its owner alone
-    (``mkstemp``'s 0600), so a colleague on a shared machine could not read the results.
-    Records now get the umask's mode; clients' state and checkpoints stay their owner's."""
+    """Records get the umask's mode, not ``mkstemp``'s 0600 (readable by their owner
+    alone), so a colleague on a shared machine can read the results; clients' state and
+    checkpoints stay their owner's."""
     import os
 
     from fedreg_app.metrics import ResultsWriter

@@ -28,7 +28,7 @@ from tests.test_replay import refigured, round_record
 
 HERE = describe_environment()
 #: A CPU capability other than this machine's: a literal one reads as "same" on a machine
-#: that reports it (session 44 ran on an AVX2 AMD EPYC, where "AVX2" was not another kind)
+#: that reports it (on an AVX2 AMD EPYC, "AVX2" would not be another kind)
 OTHER_CAPABILITY = "AVX512" if HERE["cpu_capability"] == "AVX2" else "AVX2"
 
 

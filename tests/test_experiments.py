@@ -145,9 +145,9 @@ def test_a_bad_cell_fails_the_plan_before_any_run(tmp_path: Path) -> None:
 def test_a_bad_experiment_table_is_refused_naming_the_key(
     tmp_path: Path, table: str, problem: str, capsys
 ) -> None:
-    """Before: a name such as `../../x` put runs outside `--out` (where its lock does not
-    reach), `seeds = 2.9` ran 2 seeds, `algos = 'fedavg'` was split into letters, and a
-    string where a number belongs ended in a traceback. Now: exit 2, naming the key."""
+    """A name such as `../../x` (it would put runs outside `--out`, where its lock does
+    not reach), `seeds = 2.9` (2 seeds), `algos = 'fedavg'` (split into letters) and a
+    string where a number belongs (a traceback) are refused: exit 2, naming the key."""
     config = write(tmp_path / "bad.toml", f"[experiment]\n{table}\n")
     with pytest.raises(ConfigError, match=re.escape(problem)):
         Experiment.load(config, DECLARED)
@@ -181,8 +181,8 @@ def test_a_run_its_cell_folder_would_misname_is_refused_before_any_work(
 def test_two_cells_that_would_share_a_folder_are_refused_before_any_work(
     tmp_path: Path, capsys
 ) -> None:
-    """An audit (session 31): grid values that differ but name the same folder made two
-    runs of different settings resume and overwrite each other's records there."""
+    """Grid values that differ but name the same folder would make two runs of different
+    settings resume and overwrite each other's records there: refused before any work."""
     grid = '{ dataset = ["a/b", "a_b"] }'
     config = write(
         tmp_path / "t.toml", f"algo = 'fedreg'\n[experiment]\nname = 'm'\ngrid = {grid}\n"
@@ -203,7 +203,7 @@ def test_the_same_cell_twice_is_one_run(tmp_path: Path) -> None:
     # grid values 1 and "1" name one folder, and validate to one setting: one run
     same = write(tmp_path / "s.toml", '[experiment]\nname = "m"\ngrid = { threshold = ["1", 1] }\n')
     assert len(plan([Experiment.load(same, DECLARED)], tmp_path, DECLARED, {}, seeds=1)) == 1
-    # the same name and setting on another number of clients is another run (a review)
+    # the same name and setting on another number of clients is another run
     more = write(tmp_path / "u.toml", "[experiment]\nname = 'm'\nclients = 7\nalgos = ['fedavg']\n")
     with pytest.raises(ConfigError, match="would both run in fedavg/seed0"):
         plan(
@@ -365,9 +365,10 @@ def test_an_unknown_set_key_names_the_closest_declared_key(tmp_path: Path, capsy
 def test_runner_arguments_it_would_ignore_or_misuse_are_refused(
     tmp_path: Path, capsys, args: list[str], said: str
 ) -> None:
-    """An audit (session 31): `--set resume=<a finished run of another grid>` rewrote that
-    run's results.json (its results-dir, a `resumed` entry) before failing; `--set seed`
-    and `--set results-dir` were silently overridden; `--seeds -1` ran nothing, exit 0."""
+    """Refused before anything starts: `--set resume=<a finished run of another grid>`
+    (it would rewrite that run's results.json, its results-dir and a `resumed` entry, before
+    failing); `--set seed` and `--set results-dir` (the runner sets both itself);
+    `--seeds -1` (it would run nothing and exit 0)."""
     grid_experiment(tmp_path)
     out = tmp_path / "o"
     with pytest.raises(SystemExit) as stopped:
@@ -380,8 +381,8 @@ def test_runner_arguments_it_would_ignore_or_misuse_are_refused(
 
 
 def test_a_linked_state_folder_is_refused_not_deleted_through(tmp_path: Path) -> None:
-    """The runner deletes a finished run's own state folder: a `seed<k>/state` that was
-    a link to a folder elsewhere had that folder deleted (an audit, session 31)."""
+    """The runner deletes a finished run's own state folder: a `seed<k>/state` that is a
+    link to a folder elsewhere is refused, so that folder is not deleted through it."""
     grid_experiment(tmp_path)
     victim = tmp_path / "victim"
     (victim / "keep").mkdir(parents=True)
@@ -727,8 +728,8 @@ def test_runner_runs_a_grid_summarises_it_and_skips_it_once_finished(
 ) -> None:
     """The resume of interrupted runs is tested below, with real stops; here a finished
     grid run again trains nothing. ``--out`` is relative, as the README's commands give it
-    (session 32: ``--out experiments/x`` failed every run, ``flwr run`` given the staged
-    app's path relative to the folder it ran in)."""
+    (``flwr run`` runs in another folder, so the staged app's path it is given must not be
+    relative to this one, or every run fails)."""
     config = tiny_config(tmp_path, grey_dataset, algo="fedavg", rounds=2, seeds=2)
     monkeypatch.chdir(tmp_path)
     out = Path("experiments") / "out"
@@ -767,8 +768,8 @@ variants = { fedreg = {}, a = { fedreg-head-weight = "original" }, fedavg = { al
 def test_variants_flag_runs_the_named_variants_in_the_folders_of_the_whole_file(
     tmp_path: Path, capsys
 ) -> None:
-    """`--variants a` runs one variant of a file (a full-scale option study advanced one
-    option per session) where the whole file would put it, so a report pairs it as before;
+    """`--variants a` runs one variant of a file (a full-scale option study run in parts,
+    one option at a time) where the whole file would put it, so a report pairs it as before;
     a name the file does not define is refused, naming the ones it does."""
     config = write(
         tmp_path / "t6.toml",
@@ -838,9 +839,9 @@ def finished_run(spec: RunSpec, seconds: float) -> None:
 def test_progress_takes_seconds_only_from_checked_records_of_this_setting(
     tmp_path: Path,
 ) -> None:
-    """An audit (session 31): a failed record whose rounds lacked `train_seconds` (the
-    report does not check a failed run's rounds) crashed the runner, `--dry-run` too, with
-    a KeyError; the records of another setting (50 local epochs, not 1) gave the estimate."""
+    """A failed record whose rounds lack `train_seconds` (the report does not check a
+    failed run's rounds) must not crash the runner, `--dry-run` too, with a KeyError; the
+    records of another setting (50 local epochs, not 1) must not give the estimate."""
     [spec] = one_cell_specs(tmp_path, 1)
     finished_run(spec, 5.0)
     damaged = spec.folder / "20250102-000000_run2"
@@ -907,8 +908,8 @@ def test_progress_expects_each_cell_to_cost_what_it_costs(tmp_path: Path) -> Non
 
 
 def test_progress_follows_the_present_pace_of_a_long_run(tmp_path: Path) -> None:
-    """Session 42: a run's first rounds beside the test suite (150 s a round), then alone
-    (47 s): the mean since its start said 5 hours left where the present pace gave 2 h
+    """A run's first rounds beside another workload (150 s a round), then alone (47 s):
+    the mean since its start would say 5 hours left where the present pace gives 2 h
     20 min. A run counts with its last RECENT_ROUNDS rounds."""
     (spec,) = one_cell_specs(tmp_path, 1)
     spec = RunSpec(**{**spec.__dict__, "num_rounds": 100})
@@ -1010,9 +1011,9 @@ def test_a_folder_whose_holder_lets_go_while_the_superlink_starts_is_resumed(
 def test_an_interrupted_run_and_a_failed_one_are_resumed_from_their_checkpoints(
     tmp_path: Path,
 ) -> None:
-    """A run that failed of its own (session 34: its data folder vanished at round 99 of
-    100) was started anew from round 1, its 98 checkpointed rounds thrown away; it is
-    retried from its checkpoint now, and says that it failed."""
+    """A run that failed of its own (its data folder vanished at round 99 of 100) is
+    retried from its checkpoint, not started anew from round 1 with its 98 checkpointed
+    rounds thrown away, and says that it failed."""
     killed, stopped, failed = one_cell_specs(tmp_path, 3)
     folder = interrupted_run(killed, "running")  # SIGKILL: no time to write anything
     attempt = decide(killed, DECLARED)
@@ -1067,9 +1068,9 @@ def test_an_interrupted_run_and_a_failed_one_are_resumed_from_their_checkpoints(
 def test_a_results_file_that_cannot_give_a_resume_its_rounds_is_damaged(
     tmp_path: Path, damage, problem: str
 ) -> None:
-    """The rounds before the checkpoint are kept from results.json: a hole there used to
-    finish as `completed` with a round missing, a G of 1.7 was printed as 170.00, a file
-    with no rounds failed every attempt anew. Now such a folder is named as damaged."""
+    """The rounds before the checkpoint are kept from results.json: a hole there would
+    finish as `completed` with a round missing, a G of 1.7 would print as 170.00, a file
+    with no rounds would fail every attempt anew. Such a folder is named as damaged."""
     (spec,) = one_cell_specs(tmp_path, 1)
     folder = interrupted_run(spec, "running", at_round=2)
     document = json.loads((folder / "results.json").read_text())
@@ -1085,9 +1086,9 @@ def test_a_results_file_other_than_the_one_the_checkpoint_sealed_is_damaged(
     tmp_path: Path, swap: str
 ) -> None:
     """Another run's results.json copied into an interrupted run's folder, or a kept round
-    edited, passed the runner's range checks and was resumed as the run's own. The
-    checkpoint's seal (run id, sha256 of the rounds) now names the folder as damaged,
-    as the ServerApp refuses it; the sealed file itself resumes."""
+    edited, passes the runner's range checks but must not be resumed as the run's own.
+    The checkpoint's seal (run id, sha256 of the rounds) names the folder as damaged, as
+    the ServerApp refuses it; the sealed file itself resumes."""
     (spec,) = one_cell_specs(tmp_path, 1)
     folder = interrupted_run(spec, "running", at_round=2)
     document = json.loads((folder / "results.json").read_text())
@@ -1299,9 +1300,9 @@ def test_a_marker_the_runner_did_not_write_is_not_obeyed(
     tmp_path: Path, marker: str, problem: str
 ) -> None:
     """``runner.json`` decides whether a run is resumed (``stopped``) or passed over
-    (``abandoned``). A file of another shape was read by truthiness: ``{"abandoned": 1}``
-    made the runner start the seed anew beside a resumable run. Now the folder is named
-    as damaged; --restart-damaged replaces the file with the runner's own marker."""
+    (``abandoned``). A file of another shape is not read by truthiness (``{"abandoned":
+    1}`` would make the runner start the seed anew beside a resumable run): the folder is
+    named as damaged; --restart-damaged replaces the file with the runner's own marker."""
     (spec,) = one_cell_specs(tmp_path, 1)
     older = interrupted_run(spec, "running", name="20240101-000000_run0")
     write_marker(older, abandoned="an earlier attempt")  # the runner's own: passed over
@@ -1372,8 +1373,8 @@ def test_a_damaged_run_is_reported_and_the_runner_exits_non_zero(
     assert FakeSuperLink.started == []  # not run over
     err = capsys.readouterr().err
     assert f"cannot resume {folder}: checkpoint file" in err and "state.json" in err
-    # the final report does not say a rerun retries it (a walk-through, session 31): a
-    # rerun leaves it alone as this one did
+    # the final report does not say a rerun retries it: a rerun leaves it alone as this
+    # one did
     report = err[err.index("1 of 1 runs left alone as they stand") :]
     assert "--restart-damaged starts each anew" in report and "run again" not in report
     assert f"cannot resume {folder}" in report
@@ -1382,9 +1383,9 @@ def test_a_damaged_run_is_reported_and_the_runner_exits_non_zero(
 def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
     tmp_path: Path, grey_dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    """The ServerApp refuses to resume a checkpoint on other samples, but the runner only
-    learnt of it from a failed run: ``--dry-run`` promised the resume, and every
-    invocation started Ray for a run that was refused again. Now the runner compares the
+    """The ServerApp refuses to resume a checkpoint on other samples; were the runner to
+    learn of it only from a failed run, ``--dry-run`` would promise the resume, and every
+    invocation would start Ray for a run that is refused again. The runner compares the
     checkpoint's partitions (sizes, content digests) with the data at its path first: a
     copy with one pixel changed is named and not run, the folder left as it was, and
     with no other run to do no SuperLink is started; with ``--restart-damaged`` it
@@ -1564,11 +1565,11 @@ def test_sigterm_then_rerun_continues_from_the_checkpoint_and_equals_an_uninterr
 def test_a_run_that_failed_when_its_data_vanished_resumes_from_its_checkpoint(
     uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
 ) -> None:
-    """The fault of session 34's GPU runs: the dataset folder is moved away (by the test,
-    for real) once round 1 is checkpointed. Every client refuses the next query, the run
-    fails and the runner exits 1, keeping the clients' state. With the folder back, the
-    same command retries the run from its checkpoint, in the same folder (it used to start
-    it anew from round 1: 98 rounds lost), and ends as the uninterrupted run."""
+    """The dataset folder is moved away (by the test, for real) once round 1 is
+    checkpointed. Every client refuses the next query, the run fails and the runner exits
+    1, keeping the clients' state. With the folder back, the same command retries the run
+    from its checkpoint, in the same folder (not anew from round 1, which would lose every
+    checkpointed round), and ends as the uninterrupted run."""
     data = shutil.copytree(grey_dataset, tmp_path / "data")
     config, out = tiny_fedreg(tmp_path, data), tmp_path / "out"
     with (tmp_path / "first.log").open("w") as log:
@@ -1605,9 +1606,9 @@ def test_a_runner_killed_alone_takes_its_superlink_and_simulation_with_it(
     uninterrupted: Path, grey_dataset: Path, tmp_path: Path, capsys
 ) -> None:
     """SIGKILL to the fedreg-experiment process alone (by PID: an OOM kill, a `kill -9`)
-    once round 1 is checkpointed. Before, its SuperLink and SuperExec ran on for good and
-    the simulation finished the run unsupervised (a walk-through, session 31). Now the
-    SuperLink's watchdog stops them; the same command then resumes the run, which ends
+    once round 1 is checkpointed. Left alone, its SuperLink and SuperExec would run on for
+    good and the simulation would finish the run unsupervised: the SuperLink's watchdog
+    stops them; the same command then resumes the run, which ends
     with the uninterrupted run's accuracies and model."""
     config, out = tiny_fedreg(tmp_path, grey_dataset), tmp_path / "out"
     with (tmp_path / "first.log").open("w") as log:
@@ -1709,8 +1710,8 @@ def test_max_minutes_stops_at_a_round_boundary_and_the_rerun_completes_the_grid(
 ) -> None:
     """``--max-minutes 0``: every slice runs at least one round, so this one stops right
     after round 1's checkpoint, with exit status 3; the rerun finishes the grid. ``--out``
-    is relative (session 32: the resume's path went to the ServerApp relative, so the rerun
-    failed and the run could only start anew)."""
+    is relative: the resume's path must reach the ServerApp in a form it can resolve, or
+    the rerun fails and the run can only start anew."""
     config = tiny_fedreg(tmp_path, grey_dataset)
     monkeypatch.chdir(tmp_path)
     out = Path("out")
@@ -1829,9 +1830,9 @@ class StaleCopySuperLink(RoundsSuperLink):
 def test_the_runner_follows_the_run_it_submitted_not_another_new_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    """The runner took the newest new folder in the seed's folder for its run's: with a
-    stale copy of the run writing beside it, it showed and timed the copy's rounds, and
-    would have marked the copy stopped. Now it follows the folder of the run id that
+    """The runner does not take the newest new folder in the seed's folder for its run's
+    (with a stale copy of the run writing beside it, it would show and time the copy's
+    rounds, and mark the copy stopped): it follows the folder of the run id that
     ``flwr run`` printed: stopped by ``--max-minutes`` after its own round 1."""
     _, _, spec = stopped_after_one_round(tmp_path, monkeypatch, StaleCopySuperLink)
     printed = capsys.readouterr()
@@ -2020,10 +2021,10 @@ def test_a_slice_ending_at_the_last_round_lets_the_run_finish(
 
 
 def test_a_killed_runners_leftovers_are_tidied_once_nothing_resumes_them(tmp_path: Path) -> None:
-    """A walk-through (session 31): a run finished by a process other than the runner (an
-    orphaned simulation), or a runner killed between a run's end and its cleanup, left the
-    seed folder's `state/` (64 MB there) and a `tmp*.toml` behind for good. The next
-    runner removes them, but never the state a run may still resume from."""
+    """A run finished by a process other than the runner (an orphaned simulation), or a
+    runner killed between a run's end and its cleanup, leaves the seed folder's `state/`
+    (64 MB for one run) and a `tmp*.toml` behind. The next runner removes them, but never
+    the state a run may still resume from."""
     [spec] = one_cell_specs(tmp_path, 1)
     assert spec.own_state_dir
     folder = interrupted_run(spec, "running")
@@ -2041,9 +2042,9 @@ def test_a_killed_runners_leftovers_are_tidied_once_nothing_resumes_them(tmp_pat
 
 
 def test_a_run_stopped_before_its_first_checkpoint_is_said_to_start_anew(tmp_path: Path) -> None:
-    """A walk-through (session 31): such a run was reported as `stopped after round 0/5
-    (checkpoint in <folder>)` with no checkpoint there, and the next invocation started
-    it anew without a word, though the README promises the runner says so."""
+    """Such a run is not reported as `stopped after round 0/5 (checkpoint in <folder>)`,
+    with no checkpoint there: the next invocation says that it starts the run anew, as
+    the documentation promises."""
     [spec] = one_cell_specs(tmp_path, 1)
     write_results(spec, "running")
     attempt = decide(spec, DECLARED)

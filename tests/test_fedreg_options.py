@@ -1,4 +1,4 @@
-"""FedReG's options where the sources leave it open (issue 14, item 2): the schedule of
+"""FedReG's options where the sources leave it open: the schedule of
 the E local epochs over the two steps, what step 1 updates, and the threshold's global
 reading (paper §3.4)."""
 
@@ -37,8 +37,8 @@ def everything(client: FedReGClient) -> dict[str, np.ndarray]:
 
 
 class EarlierFedReG(FedReGClient):
-    """The round as this project ran it before the options: E epochs of step 1, then E
-    of step 2, each one ``fit`` call of the base class (its own optimizer handling)."""
+    """The round as versions before 0.2.0 ran it: E epochs of step 1, then E of step 2,
+    each one ``fit`` call of the base class (its own optimizer handling)."""
 
     def train(self, global_arrays, server_round):
         self.load_global(global_arrays)

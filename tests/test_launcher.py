@@ -67,8 +67,8 @@ def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
     tmp_path: Path,
 ) -> None:
     """The copy holds what the FAB will: Flower's include patterns narrowed by the app's
-    ``fab-include`` (before session 33 it also copied the README, configs and tests,
-    which Flower then left out), less what ``.gitignore`` names."""
+    ``fab-include`` (not the README, configs and tests, which Flower would leave out of
+    the FAB anyway), less what ``.gitignore`` names."""
     app = small_app(tmp_path)
     staged = stage_app(app, tmp_path / "home" / "app")
     assert fab_files(build_fab_from_disk(staged)) == fab_files(build_fab_from_disk(app))
@@ -82,8 +82,8 @@ def test_the_staged_copy_builds_the_same_fab_and_leaves_out_ignored_folders(
     stage_app(app, staged)
     assert (staged / "fedreg_app" / "server_app.py").read_text() == "app = 1\n"
     assert not (staged / "stale.py").exists()
-    # a fab-exclude is left to Flower: applied to the copy too, Flower refused its pattern
-    # for matching no file there (a review of session 33's change)
+    # a fab-exclude is left to Flower: applied to the copy too, Flower would refuse its
+    # pattern for matching no file there
     (app / "fedreg_app" / "scratch.py").write_text("x = 1\n")
     pyproject = app / "pyproject.toml"
     original = pyproject.read_text()
@@ -114,9 +114,9 @@ def test_the_projects_fab_holds_its_code_only(tmp_path: Path) -> None:
 
 
 def test_flower_homes_and_outputs_inside_the_app_folder_are_not_packed(tmp_path: Path) -> None:
-    """A user's ``FLWR_HOME`` inside the checkout got every installed copy of the app
-    packed into the next FAB (111, 221, 441 files) until Flower refused a path deeper
-    than 10 folders; a runner's or replay's ``--out`` inside it was copied into its own
+    """A user's ``FLWR_HOME`` inside the checkout would get every installed copy of the
+    app packed into the next FAB (111, 221, 441 files) until Flower refused a path deeper
+    than 10 folders; a runner's or replay's ``--out`` inside it would be copied into its own
     staged app (``det/.flwr_home/app/...``) with every run record under it. The project's
     ``.gitignore`` leaves Flower homes out of any FAB, and the staged copy leaves out
     every folder holding a ``.flwr_home``: only the app's own files are packed."""
@@ -157,10 +157,10 @@ def test_a_run_left_pending_by_a_stopped_superlink_is_not_started_by_the_next(
     tmp_path: Path, grey_dataset: Path
 ) -> None:
     """The runner keeps one FLWR_HOME per output folder. A run still pending in its
-    SuperLink's database when the runner was stopped was started by the next runner's
-    SuperLink, beside the run the runner resumed: two copies of FedDyn's seed 2 ran at
-    half speed each, the stale copy in a run folder of its own. Now a SuperLink we start
-    forgets the runs of the one before (the app resumes runs from its checkpoints)."""
+    SuperLink's database when the runner was stopped would be started by the next runner's
+    SuperLink, beside the run the runner resumes: two copies of one run at half speed
+    each, the stale copy in a run folder of its own. A SuperLink we start forgets the runs
+    of the one before (the app resumes runs from its checkpoints)."""
     home, results_dir = tmp_path / "home", tmp_path / "results"
     config = config_text({"dataset-path": str(grey_dataset), "num-server-rounds": 1,
                           "min-partition-size": 5, "results-dir": str(results_dir)})  # fmt: skip
@@ -188,9 +188,9 @@ def test_a_run_left_pending_by_a_stopped_superlink_is_not_started_by_the_next(
 
 
 def test_a_live_superlinks_database_is_not_deleted_under_it(tmp_path: Path) -> None:
-    """A review (session 31): a rerun in the seconds after a runner was SIGKILLed (its
-    lock gone, its watchdog still stopping the SuperLink) deleted the live SuperLink's
-    database. A process that names the database is waited for, then named."""
+    """A rerun in the seconds after a runner was SIGKILLed (its lock gone, its watchdog
+    still stopping the SuperLink) must not delete the live SuperLink's database. A process
+    that names the database is waited for, then named."""
     database = tmp_path / DATABASE
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                                "--database", str(database)])  # fmt: skip

@@ -1,4 +1,4 @@
-"""Client-level differential privacy (issue 15, part 2): clipping bounds respected, the
+"""Client-level differential privacy: clipping bounds respected, the
 private head untouched by noise, the noise scale of the formula, FedReG's two weights kept
 through the fixed-denominator estimator, ε monotone in rounds and equal to Flower's own
 accountant, and bad settings refused before any work."""
@@ -361,8 +361,8 @@ def test_a_central_dp_round_that_trains_every_client_and_the_head_averages_them_
     """Deviation tracking's fine-tune rounds train every client, and the head joins the
     aggregated groups. The fixed denominator is that round's, (K_t / N) Σ m_j / max m:
     with noise ~0 and no clipping the release is the plain average of base and head.
-    Before, the run failed on the head (no denominator for it: ``KeyError: 'head_g'``),
-    and an ordinary round's K would have doubled the update of a round of all 4."""
+    The head has a denominator of its own (without one the run fails: ``KeyError:
+    'head_g'``), and an ordinary round's K would double the update of a round of all 4."""
     from strategies.fedbabu_deviation import FedBABUDeviationStrategy
 
     settings = private(**{"dp-noise-multiplier": 1e-12, "dp-clip": 1e6})

@@ -1,4 +1,4 @@
-"""Simulation on a multi-node Ray cluster (issue 15, part 1): a Ray head and a worker
+"""Simulation on a multi-node Ray cluster: a Ray head and a worker
 node on loopback (one CPU each, as two machines would be), a SuperLink whose simulation
 attaches to that cluster through ``RAY_ADDRESS``, and a small run whose records show that
 clients ran on both nodes. Opt-in (``--ray-cluster``): it starts a Ray cluster of its own,

@@ -1,5 +1,5 @@
-"""The reference points on the same partition: local training and centralised training
-(issue 15, part 3), run through the real ServerApp and ClientApp in this process."""
+"""The reference points on the same partition: local training and centralised training,
+run through the real ServerApp and ClientApp in this process."""
 
 from __future__ import annotations
 
@@ -162,10 +162,11 @@ def test_the_reference_algorithms_keep_what_they_should(grey_dataset: Path) -> N
 def test_the_references_check_their_clients_data_as_the_federated_algorithms_do(
     grey_dataset: Path, tmp_path: Path, algo: str
 ) -> None:
-    """The references computed no partitioning in the ServerApp, so their records named
-    no data (a reference beside a federated run could not be shown to read the same
-    samples), a node whose copy held other samples was counted, and a resume on a
-    replaced dataset trained on. Now they are checked as every other algorithm is."""
+    """The references' partitions are computed in the ServerApp as every other
+    algorithm's: their records name their data (so a reference beside a federated run is
+    shown to read the same samples), a node whose copy holds other samples is not
+    counted, and a resume on a replaced dataset is refused. Before 0.3.0 none of this
+    held for the references."""
     repainted = copy_dataset(grey_dataset, tmp_path / "repainted", repaint=5)
     ours, theirs = (
         split_digests(

@@ -155,8 +155,8 @@ def test_deviation_client_fine_tunes_base_and_head_only_when_told() -> None:
 
 @pytest.mark.parametrize("crafted", ["false", "true", 0, 1, None, 1.0])
 def test_deviation_client_refuses_a_phase_that_is_not_a_bool(crafted: object) -> None:
-    """The strategy sends a bool; a string "false" was read as truthy and switched the
-    client to training its head (and an int 0/1 or a float would be taken on trust)."""
+    """The strategy sends a bool; a string "false" read as truthy would switch the client
+    to training its head (and an int 0/1 or a float would be taken on trust)."""
     client = FedBABUDeviationClient(make_setup(algo="fedbabu-deviation"))
     client.server_config = {FINETUNE_PHASE: crafted}
     with pytest.raises(ValueError, match=f"{FINETUNE_PHASE}={crafted!r}"):

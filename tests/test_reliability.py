@@ -454,8 +454,8 @@ def evaluation(record: dict[str, Any]) -> tuple:
 def test_an_evaluation_reply_with_a_cost_that_would_end_the_run_is_dropped(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
-    """`int(inf)` of a reply's state-resets used to raise after the reply was accepted
-    and end the run `failed`; now the reply is dropped and the run goes on."""
+    """`int(inf)` of a reply's state-resets would raise after the reply was accepted and
+    end the run `failed`: the reply is dropped and the run goes on."""
 
     def infinite_resets(msg: Message, reply: Message | None) -> Message:
         metrics = {**dict(reply.content[METRICS]), STATE_RESETS: float("inf")}
@@ -493,9 +493,9 @@ def test_a_reply_flooding_its_host_record_leaves_only_the_known_keys(
 def test_finite_replies_whose_aggregate_overflows_stop_the_run_before_a_checkpoint(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
-    """FedDyn's `mean - h / alpha` over replies of 3e38 (each a finite float32) overflowed
-    to inf and was sent to every client, which refused it. Now the run stops in that round
-    with the reason, and its last checkpoint is the honest round before."""
+    """FedDyn's `mean - h / alpha` over replies of 3e38 (each a finite float32) overflows
+    to inf, which every client would refuse. The run stops in that round with the reason,
+    and its last checkpoint is the honest round before."""
 
     def huge(arrays, metrics):
         for value in arrays.values():
@@ -521,7 +521,7 @@ def test_a_first_evaluation_reply_claiming_a_huge_test_split_is_not_counted(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
     """Round 1, partition 3's first reply: 10^12 tested, 10^12 correct. Checked only
-    against its own earlier claims, it made the run's G and P 0.99999999993 (honest:
+    against its own earlier claims, it would make the run's G and P 0.99999999993 (honest:
     about 0.1). The server computes every partition's split sizes from the seeded
     partitioning the nodes repeat, so a first claim is checked too."""
 
@@ -713,10 +713,10 @@ def test_a_copy_of_a_run_folder_is_not_resumed_under_its_new_name(
 def test_a_resume_on_other_clients_or_other_data_is_refused_before_any_work(
     base: dict[str, Any], tmp_path: Path, grey_dataset: Path
 ) -> None:
-    """The checkpoint kept only the run config, so a resume on 5 partitions instead of 4
-    (another num-supernodes) or on a dataset replaced at its path trained the checkpoint's
-    model on other clients' data and ended `completed`, caught (if at all) only when its
-    record was read. Now the checkpoint records its clients (number, split sizes, content
+    """A checkpoint that kept only the run config would let a resume on 5 partitions
+    instead of 4 (another num-supernodes) or on a dataset replaced at its path train the
+    checkpoint's model on other clients' data and end `completed`, caught (if at all)
+    only when its record was read. The checkpoint records its clients (number, split sizes, content
     digests) and these resumes, and one on data of the same sizes with one image changed,
     are refused before a message is sent, the folder untouched; the original clients then
     resume to the uninterrupted figures."""
@@ -760,11 +760,11 @@ def test_a_resume_on_other_clients_or_other_data_is_refused_before_any_work(
 def test_a_node_whose_copy_of_the_data_holds_other_samples_is_refused_by_its_digest(
     base: dict[str, Any], tmp_path: Path, grey_dataset: Path
 ) -> None:
-    """Deployed nodes read their own copies (node config dataset-path). The server checked
-    their sample counts only, so a node whose copy held other samples of the same sizes
-    (here one image with one pixel changed) trained and evaluated on them unnoticed. Now
-    every reply names the digest of the data the node holds: that partition's replies are
-    refused, named, and the run is `degraded`; the other partitions' are counted."""
+    """Deployed nodes read their own copies (node config dataset-path). Sample counts alone
+    would let a node whose copy holds other samples of the same sizes (here one image
+    with one pixel changed) train and evaluate on them unnoticed, so every reply names the
+    digest of the data the node holds: that partition's replies are refused, named, and
+    the run is `degraded`; the other partitions' are counted."""
     repainted = copy_dataset(grey_dataset, tmp_path / "repainted", repaint=5)
     ours, theirs = (split_digests(PartitionKey.from_config(load_config(c), 4))
                     for c in (base, {**base, "dataset-path": str(repainted)}))  # fmt: skip
@@ -792,9 +792,9 @@ def test_a_node_whose_copy_of_the_data_holds_other_samples_is_refused_by_its_dig
 def test_a_resume_does_not_carry_damaged_rounds_into_the_finished_record(
     base: dict[str, Any], tmp_path: Path, damage, problem: str
 ) -> None:
-    """The rounds before the checkpoint are kept from results.json: a hole there ended as
-    a `completed` run with rounds [2, 3] only, an accuracy of 1.7 became its best G. Now
-    the resume is refused before it writes, the folder untouched."""
+    """The rounds before the checkpoint are kept from results.json: a hole there would end
+    as a `completed` run with rounds [2, 3] only, an accuracy of 1.7 would become its
+    best G. The resume is refused before it writes, the folder untouched."""
     config = {**base, "state-dir": str(tmp_path / "state")}
     folder = killed_in_round_2(config, tmp_path)
     document = results_of(folder)
@@ -813,9 +813,9 @@ def test_a_resume_does_not_carry_damaged_rounds_into_the_finished_record(
 def test_a_serverapp_stopped_by_a_signal_says_stopped_and_resumes(
     base: dict[str, Any], tmp_path: Path, signal_exit: BaseException
 ) -> None:
-    """In a deployment Flower turns SIGTERM into `sys.exit(0)` inside the ServerApp: the
-    run read `failed` (`SystemExit: 0`), which the runner restarts from round 1. Now it
-    reads `stopped` after its last checkpoint, and its resume ends as the whole run: the
+    """In a deployment Flower turns SIGTERM into `sys.exit(0)` inside the ServerApp. The
+    run must not read `failed` (`SystemExit: 0`), which the runner restarts from round 1:
+    it reads `stopped` after its last checkpoint, and its resume ends as the whole run: the
     same rounds, global model and clients' state as an uninterrupted run, round 1's
     record as the stopped run wrote it."""
     whole = {**base, "results-dir": str(tmp_path / "whole"), "state-dir": str(tmp_path / "sw")}
@@ -1002,8 +1002,8 @@ def test_a_resume_whose_digests_were_not_compared_states_no_data_digest(
 ) -> None:
     """A checkpoint whose digests are of another scheme cannot be compared with this
     version's, so its first rounds' samples are not known to be the resumed ones: the
-    ServerApp went on recording a data_digest for the whole run (this attempt's, or the
-    first attempt's other-scheme one). Now only a resume that compared the digests states
+    ServerApp must not go on recording a data_digest for the whole run (this attempt's, or
+    the first attempt's other-scheme one). Only a resume that compared the digests states
     one; a resume that did keeps it."""
     config = {**base, "state-dir": str(tmp_path / "state")}
     folder = killed_in_round_2(config, tmp_path)
@@ -1027,10 +1027,10 @@ def test_a_resume_whose_digests_were_not_compared_states_no_data_digest(
 def test_a_resume_keeps_only_the_rounds_its_checkpoint_sealed(
     base: dict[str, Any], tmp_path: Path, swap: str
 ) -> None:
-    """The rounds before the checkpoint are kept from results.json, which was checked for
-    range only: another run's results.json copied into a killed run's folder was resumed,
-    and the run ended `completed` with the other run's round 1 (its clients, its accuracy)
-    and its id. Each checkpoint now seals the file's run id and rounds; a resume from a
+    """The rounds before the checkpoint are kept from results.json. Checked for range
+    only, another run's results.json copied into a killed run's folder would be resumed,
+    and the run would end `completed` with the other run's round 1 (its clients, its
+    accuracy) and its id. Each checkpoint seals the file's run id and rounds; a resume from a
     file that is not the sealed one is refused before anything is written, and the
     original file resumes to the uninterrupted run's figures."""
     config = {**base, "state-dir": str(tmp_path / "state")}
@@ -1063,10 +1063,10 @@ def test_a_client_whose_private_state_was_lost_or_swapped_is_counted_and_degrade
     base: dict[str, Any], tmp_path: Path, fault: str
 ) -> None:
     """A partition's state folder deleted (a device's state-dir wiped, or a new node
-    taking over the partition) while the run was stopped: the client started afresh,
-    counted nothing, and the run ended `completed` with other personal figures. Two
-    partitions' folders swapped: each trained the other's head, also `completed`. Now
-    the server sends each partition the state version it last reported (`state-held`)
+    taking over the partition) while the run was stopped: the client would start afresh,
+    count nothing, and the run end `completed` with other personal figures. Two
+    partitions' folders swapped: each would train the other's head, also `completed`.
+    The server sends each partition the state version it last reported (`state-held`)
     and each manifest names its owner, so the client counts the reset and the round,
     and the run, are degraded."""
     config = {**base, "state-dir": str(tmp_path / "state"), "fraction-train": 1.0}
@@ -1106,11 +1106,11 @@ def test_a_resumed_run_whose_clients_kept_their_state_counts_no_reset(
 
 
 def test_a_reply_delivered_twice_is_counted_once(base: dict[str, Any], tmp_path: Path) -> None:
-    """The ServerApp took every reply it pulled: a training reply delivered twice was
-    averaged twice, and an evaluation reply delivered twice stood in for a client that
-    never answered, so the personal figure was published as the all-client one. (Flower's
-    SuperLink keeps one reply per message; this is defence in depth.) A second reply to
-    the same message is now a failure of its own, never counted."""
+    """Were the ServerApp to take every reply it pulled, a training reply delivered twice
+    would be averaged twice, and an evaluation reply delivered twice would stand in for a
+    client that never answered, so the personal figure would be published as the
+    all-client one. (Flower's SuperLink keeps one reply per message; this is defence in
+    depth.) A second reply to the same message is a failure of its own, never counted."""
     config = {**base, "num-server-rounds": 1, "reply-timeout": 1.0}
     twice = {(TRAIN, 1, 2), (EVALUATE, 1, 0)}
     silent = {(EVALUATE, 1, 3): lambda msg, reply: None}
@@ -1266,9 +1266,9 @@ def test_a_device_without_its_data_is_named_at_discovery_before_any_round(
     base: dict[str, Any], tmp_path: Path, grey_dataset: Path, monkeypatch: pytest.MonkeyPatch,
     node_path: str | None, problem: str,
 ) -> None:  # fmt: skip
-    """A node whose data cannot be found was mapped at discovery and failed only in its
-    first round, after the others had trained. Now its query fails: it serves no
-    partition, discovery waits for one that can, and its timeout names the node and why."""
+    """A node whose data cannot be found is not mapped at discovery (to fail only in its
+    first round, after the others had trained): its query fails, it serves no partition,
+    discovery waits for one that can, and its timeout names the node and why."""
     monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 3.0)
     server_copy = copy_dataset(grey_dataset, tmp_path / "server-data")
     device_copy = copy_dataset(grey_dataset, tmp_path / "device-data")
@@ -1326,10 +1326,10 @@ def test_a_checkpoint_of_an_earlier_version_resumes_as_it_ran(
 def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     base: dict[str, Any], tmp_path: Path, edit: str
 ) -> None:
-    """An audit (session 31): a finished run's results.json edited by hand (a round's
-    accuracies and the best figures made consistent, or its config) was published by
-    `fedreg-report` and taken as finished by the runner; the checkpoint's seal was
-    checked on resume only. Now a record beside a checkpoint must be the one it sealed."""
+    """A finished run's results.json edited by hand (a round's accuracies and the best
+    figures made consistent, or its config) is neither published by `fedreg-report` nor
+    taken as finished by the runner, not only refused on resume: a record beside a
+    checkpoint must be the one it sealed."""
     from fedreg_app.replay import read_recording
     from fedreg_app.reports import scan
 
@@ -1360,8 +1360,8 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     note = collection.skipped_note(tmp_path / "root")
     said = "not the ones the checkpoint sealed" if edit == "figures" else "local-epochs"
     assert said in note and "invalid" in note
-    # fedreg-replay read the same record without its seal (session 33): it would replay
-    # an edited config, or report differences as if the run had produced them
+    # fedreg-replay reads the record with its seal too: without it, it would replay an
+    # edited config, or report differences as if the run had produced them
     with pytest.raises(ConfigError, match=said):
         read_recording(path)
 
@@ -1371,8 +1371,8 @@ def test_a_round_committed_while_a_report_reads_the_run_leaves_it_valid(
 ) -> None:
     """A round writes results.json, then its checkpoint. A report (and the runner's
     status, and a replay) read results.json, then the checkpoint's seal: a round
-    committed between the two reads showed a seal ahead of the record, and a running
-    run read as `invalid` (session 33). The seal is read first now. The interleaving is
+    committed between the two reads would show a seal ahead of the record, and a running
+    run would read as `invalid`. The seal is read first. The interleaving is
     injected: the first read of results.json returns the round-1 record and then lets
     the run write rounds 2 and 3, record then checkpoint, as the ServerApp does."""
     from fedreg_app.replay import read_recording
@@ -1410,9 +1410,9 @@ def test_a_round_committed_while_a_report_reads_the_run_leaves_it_valid(
 
 
 def test_only_an_algorithm_that_ends_early_may_record_fewer_rounds() -> None:
-    """An audit (session 31): a `completed` FedAvg record cut to 1 of its 4 rounds, with
-    `run.ended_after_round = 1` added, passed as finished; so did one whose
-    num-server-rounds was missing, "4" or 4.0 (no round count was checked)."""
+    """A `completed` FedAvg record cut to 1 of its 4 rounds, with
+    `run.ended_after_round = 1` added, does not pass as finished; nor does one whose
+    num-server-rounds is missing, "4" or 4.0 (the round count is checked)."""
     from fedreg_app.metrics import ENDS_EARLY
     from fedreg_app.registry import ALGORITHMS
     from strategies.base import PersonalizedStrategy
@@ -1433,10 +1433,10 @@ def test_only_an_algorithm_that_ends_early_may_record_fewer_rounds() -> None:
 
 
 def test_a_seal_written_before_a_field_was_added_still_holds() -> None:
-    """A review (session 31): a seal hashes the rounds' normal form, every field of this
-    version; `global_model_kept` came after the first seals, so every sealed record of
-    that time read as edited once the seal was checked beside finished records. A seal
-    now names its fields; one that names none is tried without the later fields."""
+    """A seal hashes the rounds' normal form, every field of its version;
+    `global_model_kept` came after the first seals, so a record sealed before it would
+    read as edited when its seal is checked. A seal names its fields; one that names none
+    is tried without the later fields."""
     from fedreg_app.metrics import UNNAMED_SEAL_LATER_FIELDS, round_fields, sealed_rounds_match
 
     rounds = [{"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
@@ -1468,11 +1468,11 @@ def _init_model_files(tmp_path: Path, **seeds: int) -> dict[str, Path]:
 def test_a_node_whose_init_model_copy_holds_other_weights_is_refused_by_its_digest(
     base: dict[str, Any], tmp_path: Path
 ) -> None:
-    """A node names its own copy of the init-model (session 32), and nothing held it to
-    the server's file: a device with another checkpoint under that name started its
-    private head from other weights, and the run ended `completed` (session 33). Every
-    reply now names its file's sha256: that partition's replies are refused and named,
-    the run is `degraded`, the others count; the record names the server file's sha256."""
+    """A node names its own copy of the init-model: a device with another checkpoint under
+    that name would start its private head from other weights, and the run would end
+    `completed`. Every reply names its file's sha256: that partition's replies are
+    refused and named, the run is `degraded`, the others count; the record names the
+    server file's sha256."""
     from fedreg_app.metrics import INIT_MODEL_SHA256
     from fedreg_app.persist import file_sha256
 

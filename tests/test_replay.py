@@ -423,7 +423,7 @@ def test_against_notes_runs_that_read_other_data(tmp_path: Path, capsys) -> None
         "bbbbbbbbbbbb" in capsys.readouterr().out  # fmt: skip
     assert replay.data_notes({"data_digest": "a" * 64}, {"data_digest": "a" * 64}) == []
     assert replay.data_notes({}, {"data_digest": "b" * 64}) == []
-    # runs begun from other init-model files (session 33's record of the file's sha256)
+    # runs begun from other init-model files (the records name the file's sha256)
     [note] = replay.data_notes({"init_model_sha256": "c" * 64}, {"init_model_sha256": "d" * 64})
     assert "other init-model files (sha256 cccccccccccc vs dddddddddddd)" in note
     assert replay.data_notes({"init_model_sha256": "c" * 64}, {}) == []
@@ -507,10 +507,9 @@ def test_a_replay_that_ends_early_is_not_reported_as_a_numeric_difference(
     tmp_path: Path, capsys, monkeypatch, replayed: list, run: dict, said: str,
     exit_code: int, differing: str,
 ) -> None:  # fmt: skip
-    """A replay whose start failed (a FAB Flower refused) printed `identical=false
-    max_abs_diff=0` and exit 1, as if its figures differed. Now the summary says how far
-    it got (`replayed=K`) and it exits 3; a round it did replay that differs still
-    exits 1."""
+    """A replay whose start failed (a FAB Flower refused) does not print `identical=false
+    max_abs_diff=0` and exit 1, as if its figures differed: the summary says how far it
+    got (`replayed=K`) and it exits 3; a round it did replay that differs still exits 1."""
     source = results_file(tmp_path)
     monkeypatch.setattr(replay, "run_until_round", lambda *_, **__: (replayed, run))
     assert main([str(source), "--rounds", "2", "--out", str(tmp_path / "out")]) == exit_code

@@ -773,8 +773,8 @@ def test_report_cli_adds_the_paper_and_refuses_a_config_without_one(tmp_path: Pa
 def test_a_paper_file_that_is_not_text_or_has_no_table_is_named(
     tmp_path: Path, content: bytes, named: str
 ) -> None:
-    """An audit (session 31): a `--paper` file that is not UTF-8 raised UnicodeDecodeError,
-    one whose top level says `experiment = 3` a TypeError; both name the file now."""
+    """A `--paper` file that is not UTF-8, or whose top level says `experiment = 3`, is
+    refused naming the file (not a raw UnicodeDecodeError or TypeError)."""
     path = tmp_path / "paper.toml"
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=named) as refused:
@@ -783,10 +783,10 @@ def test_a_paper_file_that_is_not_text_or_has_no_table_is_named(
 
 
 def test_a_paper_file_of_another_setting_is_said_to_be_so(tmp_path: Path) -> None:
-    """An audit (session 31): runs of 20 clients and 3 rounds were set beside a paper file
-    that says 50 clients and 100 rounds, the differences in points shown without a word.
-    The keys the file sets are compared with the runs'; where it sets the runs' own
-    setting, nothing is said."""
+    """Runs of 20 clients and 3 rounds set beside a paper file that says 50 clients and
+    100 rounds must not have the differences in points shown without a word. The keys
+    the file sets are compared with the runs'; where it sets the runs' own setting,
+    nothing is said."""
     fake_run(tmp_path / "runs", "t", "fedreg", 0)
     runs = scan(tmp_path / "runs").results
     other = tmp_path / "other.toml"
@@ -859,7 +859,7 @@ def test_figure_7_never_averages_runs_of_another_dataset_or_budget_into_one_poin
     tmp_path: Path,
 ) -> None:
     """fedreg at 50 clients on FMNIST and on CIFAR-10 (and on FMNIST with another budget)
-    were one point, the mean of the three; each setting is now its own line. Table 3's
+    are not one point, the mean of the three: each setting is its own line. Table 3's
     batch size and partition, which the paper changes with the client count, stay one
     line."""
     cifar = {"dataset": "uoft-cs/cifar10"}
@@ -969,10 +969,10 @@ def test_a_paper_of_an_experiment_not_under_the_root_says_so(tmp_path: Path) -> 
 def test_a_folder_linked_to_another_cells_or_seeds_records_outside_the_root_is_refused(
     tmp_path: Path,
 ) -> None:
-    """An audit (session 31): a cell folder `fedreg -> <elsewhere>/fedavg` was checked
-    where the link led (FedAvg's records in FedAvg's folder: fine) but counted under the
-    link's name, so FedAvg's figures were published as FedReG's; a `seed2 -> seed0`
-    elsewhere counted seed 0 twice. The records are checked where they are counted."""
+    """A cell folder `fedreg -> <elsewhere>/fedavg` checked where the link leads (FedAvg's
+    records in FedAvg's folder: fine) but counted under the link's name would publish
+    FedAvg's figures as FedReG's; a `seed2 -> seed0` elsewhere would count seed 0 twice.
+    The records are checked where they are counted."""
     elsewhere, root = tmp_path / "elsewhere", tmp_path / "root"
     fake_run(elsewhere, "smoke", "fedavg", 0)
     fake_run(root, "smoke", "fedreg", 0)
@@ -987,9 +987,9 @@ def test_a_folder_linked_to_another_cells_or_seeds_records_outside_the_root_is_r
 
 
 def test_a_failed_record_without_a_config_is_skipped_not_a_crash(tmp_path: Path) -> None:
-    """A review (session 31): reading an earlier version's config (as_ran) indexed a
-    failed record's config, which nothing checks; `{"run": {"status": "failed"}}` made
-    the report and the runner raise KeyError."""
+    """Reading an earlier version's config (as_ran) must not index a failed record's
+    config, which nothing checks: `{"run": {"status": "failed"}}` is skipped and named,
+    not a KeyError in the report or the runner."""
     fake_run(tmp_path, "smoke", "fedreg", 0)
     fake_run(tmp_path, "smoke", "fedreg", 1)
     path = next((tmp_path / "smoke" / "fedreg" / "seed1").glob("*/results.json"))
@@ -1000,9 +1000,9 @@ def test_a_failed_record_without_a_config_is_skipped_not_a_crash(tmp_path: Path)
 
 
 def test_the_keys_a_paper_file_varies_are_not_its_setting(tmp_path: Path) -> None:
-    """A review (session 31): a paper file's grid (alpha 0.1 and 0.5 over a top-level
-    0.1), its variants and algorithms were read as its setting, so its own alpha-0.5
-    cells were said to be of another setting."""
+    """A paper file's grid (alpha 0.1 and 0.5 over a top-level 0.1), its variants and
+    algorithms are not its setting: its own alpha-0.5 cells are not said to be of another
+    setting."""
     fake_run(tmp_path / "runs", "t", "fedreg__alpha-0.5", 0, config={"alpha": 0.5})
     runs = scan(tmp_path / "runs").results
     paper = tmp_path / "t.toml"
@@ -1016,8 +1016,8 @@ def test_the_keys_a_paper_file_varies_are_not_its_setting(tmp_path: Path) -> Non
 def test_several_roots_make_one_report_and_a_seed_under_two_is_refused(
     tmp_path: Path, capsys
 ) -> None:
-    """Runners side by side, one ``--out`` each (session 34: four cells at once on one
-    GPU): ``fedreg-report A B --out R`` gives one table of every cell, and a left-out
+    """Runners side by side, one ``--out`` each (e.g. four cells at once on one GPU):
+    ``fedreg-report A B --out R`` gives one table of every cell, and a left-out
     seed is named under its root. The same seed of a cell under two roots is refused,
     naming both files' folders, not counted twice nor one picked in silence."""
     gpu, cpu = tmp_path / "gpu_fedrep", tmp_path / "cpu"

@@ -1,4 +1,4 @@
-"""Three baselines configured as their sources run them (issue 14, item 2): FedBABU
+"""Three baselines configured as their sources run them: FedBABU
 fine-tunes after the last round only (PFLlib's serverbabu.py), Ditto's personal model
 starts as the initial model (PFLlib's clientditto.py), FedAvg2Rep's FedRep rounds start
 from the whole global model and return all of it (003's Algorithms 2 and 3)."""

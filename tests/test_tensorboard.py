@@ -1,4 +1,4 @@
-"""TensorBoard event files (``tensorboard = true``, issue 15 part 4): read back with
+"""TensorBoard event files (``tensorboard = true``): read back with
 TensorBoard's own reader, they hold exactly results.json's per-round figures, also after
 an interrupted run is resumed (the rounds run again replace the interrupted attempt's)."""
 

@@ -256,7 +256,7 @@ def trained_by_a_torch_loader(data: TensorData, drop_last: bool, epochs: int = 2
 
 @pytest.mark.parametrize("drop_last", [True, False])
 def test_drop_last_trains_as_a_torch_loader_does(drop_last: bool) -> None:
-    """``drop-last`` (PFLlib's training loader, session 32): each epoch leaves out the
+    """``drop-last`` (PFLlib's training loader; default since 0.4.0): each epoch leaves out the
     last partial batch, bit for bit as ``DataLoader(drop_last=True)`` over the same
     shuffle; ``false`` trains the short batch as the loader does without it."""
     generator = torch.Generator().manual_seed(0)
