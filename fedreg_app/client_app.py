@@ -30,7 +30,13 @@ from flwr.common import log
 
 from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_state import MISSING_VERSION, VersionedState
-from fedreg_app.config import ConfigError, RunConfig, check_dataset_path, is_count
+from fedreg_app.config import (
+    ConfigError,
+    RunConfig,
+    check_dataset_path,
+    is_count,
+    refuse_relative_paths,
+)
 from fedreg_app.data import (
     DatasetInfo,
     PartitionKey,
@@ -136,14 +142,21 @@ NODE_COPIES = (DATASET_PATH, INIT_MODEL)
 def run_config_of(context: Context) -> RunConfig:
     """The run config, validated as the server validated it (once per process and run),
     with the node's own copies (:data:`NODE_COPIES`) in place of the run config's paths:
-    those are the server's, which a device need not have at that path (or at all)."""
+    those are the server's, which a device need not have at that path (or at all).
+
+    A node's own copy may be a relative path: it is read against the working directory
+    of the ClientApp process, which is the folder the SuperNode was started in (where
+    the SuperNode starts its ClientApp processes itself, Flower's default), and passed
+    on as absolute. The run config's paths must be absolute (:func:`refuse_relative_paths`):
+    they were written on another machine, or for the SuperLink's working directory."""
     items = dict(context.run_config)
     for key in NODE_COPIES:
         node_path, server_path = context.node_config.get(key), items.get(key)
         if node_path:
             require_copy(key, str(node_path), f"this node's --node-config {key}")
-            items[key] = str(node_path)
+            items[key] = str(Path(str(node_path)).expanduser().resolve())
         elif server_path:
+            refuse_relative_paths({key: server_path}, f"the run config's {key}")
             hint = f" (the server's copy; give this node its own: --node-config {key}=...)"
             require_copy(key, str(server_path), f"the run config's {key}", hint)
     return _validated(frozenset(items.items()))

@@ -629,6 +629,31 @@ def check_dataset_path(dataset_path: str) -> Path:
     return folder.resolve()
 
 
+#: Run-config keys that name input files: the dataset folder and the initial model.
+INPUT_PATH_KEYS = ("dataset-path", "init-model")
+
+
+def refuse_relative_paths(run_config: Mapping[str, Any], named: str = "") -> None:
+    """Raise :class:`ConfigError` for a relative :data:`INPUT_PATH_KEYS` path in the run
+    config a ServerApp or ClientApp was given (``named``: how to call the key there). Why:
+    these apps run in the SuperLink's working directory (the managed local SuperLink's
+    is the folder of the ``flwr run`` that started it), and Flower passes the app no trace
+    of the folder ``flwr run`` was called from (neither the folder nor the app's path), so
+    a relative path would be read against another folder than the user's. ``~`` is fine.
+    ``fedreg-experiment`` and ``fedreg-replay`` make such paths absolute before they submit
+    a run; a SuperNode's own ``--node-config dataset-path`` is read in the SuperNode's
+    working directory, where it was started (see ``fedreg_app.client_app``)."""
+    for key in INPUT_PATH_KEYS:
+        value = run_config.get(key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            raise ConfigError(
+                f"{named or key}={value!r} is a relative path; give an absolute one (the "
+                f"output of `realpath {value}`): the app runs in the SuperLink's working "
+                "directory, not in the folder `flwr run` was called from, so a relative "
+                "path would name another folder"
+            )
+
+
 #: Run-config keys that say where and how a run ran, not what it computes (paths, the
 #: device, logging, how failures are waited for, where G is evaluated: the same figures):
 #: two runs that differ in these alone are runs of one setting.

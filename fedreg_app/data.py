@@ -22,6 +22,7 @@ import os
 import shutil
 from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from logging import INFO
@@ -170,6 +171,31 @@ class PartitionKey:
         )
 
 
+@contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """``datasets``' progress bars off while our code calls it ("Generating train split",
+    "Flattening the indices"): in a Flower run every process that loads the data would
+    print them into the run's log, as lines of carriage returns. Setting
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS`` (0 or 1) decides instead. Also a decorator."""
+    from datasets import config as datasets_config
+    from datasets.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    if datasets_config.HF_DATASETS_DISABLE_PROGRESS_BARS is not None or (
+        are_progress_bars_disabled()
+    ):
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
+
+
 def normalise(x: torch.Tensor) -> torch.Tensor:
     """uint8 pixels to floats in [-1, 1], done per batch so data stays compact."""
     return x.float().div_(127.5).sub_(1.0)
@@ -212,6 +238,7 @@ class CanonicalPool:
 
 
 @lru_cache(maxsize=4)
+@no_progress_bars()
 def federated_dataset(key: PartitionKey) -> FederatedDataset:
     """The flwr-datasets object for a partition key; cached so the split is computed once."""
     from flwr_datasets import FederatedDataset
@@ -280,8 +307,11 @@ def partitioner_for(key: PartitionKey):
     FedReG paper, optionally topped up), "hold c classes" shards (each client gets
     ``shard-classes`` classes, drawn with the seed, and an equal share of each; ``003``,
     Section 1.3; thesis Fig. 3.1), or the dataset's natural clients (Shakespeare's
-    speaking roles)."""
-    from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
+    speaking roles). "dirichlet" is flwr-datasets' ``DirichletPartitioner`` with its
+    arguments and draws, less its warning per redraw (``RedrawingDirichletPartitioner``)."""
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
+    from fedreg_app.partitioners import RedrawingDirichletPartitioner
 
     if key.partition == "natural":
         from fedreg_app.partitioners import NaturalIdSubsetPartitioner
@@ -304,7 +334,7 @@ def partitioner_for(key: PartitionKey):
             class_assignment_mode="random",
             seed=key.seed,
         )
-    return DirichletPartitioner(
+    return RedrawingDirichletPartitioner(
         num_partitions=key.num_partitions,
         partition_by="label",
         alpha=key.alpha,
@@ -314,6 +344,7 @@ def partitioner_for(key: PartitionKey):
     )
 
 
+@no_progress_bars()
 def dataset_info(fds: FederatedDataset) -> DatasetInfo:
     """Number of classes from the label feature, image shape from the first image (text:
     the vocabulary, and the first snippet's length)."""
@@ -403,6 +434,7 @@ def _pixels(image: Image.Image, mode: str) -> np.ndarray:
     return np.asarray(image if image.mode == mode else image.convert(mode), dtype=np.uint8)
 
 
+@no_progress_bars()
 def _to_tensors(ds: Dataset, channels: int) -> TensorData:
     """A split's samples as tensors. Columns are read in one slice each: ``datasets``
     4 gives a lazy column that numpy iterates row by row (1.7 s for Fashion-MNIST's
@@ -493,12 +525,15 @@ def tensors_digest(*parts: TensorData) -> str:
 
 
 @cache
+@no_progress_bars()
 def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
     """One client's seeded 75/25 train/test split, not yet decoded."""
     if not 0 <= partition_id < key.num_partitions:
         raise ConfigError(
             f"partition-id={partition_id} is not allowed: expected 0..{key.num_partitions - 1}"
         )
+    from fedreg_app.partitioners import MAX_DIRICHLET_DRAWS
+
     fds = federated_dataset(key)
     try:
         partition = fds.load_partition(partition_id, "train")
@@ -513,8 +548,9 @@ def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
         raise ConfigError(
             f"alpha={key.alpha}, min-partition-size={key.min_partition_size}: the Dirichlet "
             f"partitioner could not give each of {key.num_partitions} clients at least "
-            f"{key.min_partition_size} samples in 10 tries ({err}). Raise alpha, lower "
-            "min-partition-size, use fewer clients, or partition='dirichlet-topup'."
+            f"{key.min_partition_size} samples in {MAX_DIRICHLET_DRAWS} draws ({err}). Raise "
+            "alpha, lower min-partition-size, use fewer clients, or "
+            "partition='dirichlet-topup'."
         ) from err
     return partition.train_test_split(test_size=TEST_FRACTION, seed=key.seed)
 

@@ -67,7 +67,14 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
-from fedreg_app.config import MAX_SEED, ConfigError, RunConfig, is_count, setting_differences
+from fedreg_app.config import (
+    INPUT_PATH_KEYS,
+    MAX_SEED,
+    ConfigError,
+    RunConfig,
+    is_count,
+    setting_differences,
+)
 from fedreg_app.data import PartitionKey, federated_dataset, split_digests, split_sizes
 from fedreg_app.launcher import (
     ONE_CPU,
@@ -482,8 +489,9 @@ def run_spec(
         "seed": seed,
         "results-dir": str(folder.resolve()),
     }
-    if run_config.get("dataset-path"):  # the ServerApp runs in another working directory
-        run_config["dataset-path"] = str(Path(run_config["dataset-path"]).resolve())
+    for key in INPUT_PATH_KEYS:  # the ServerApp runs in another working directory
+        if run_config.get(key):
+            run_config[key] = str(Path(run_config[key]).expanduser().resolve())
     config = load_config({**declared, **run_config})
     misnamed = cell_problem(cell_id(cell), config.to_run_config())
     if misnamed:  # the folder would name another run than the one made in it

@@ -17,17 +17,65 @@ clients) cannot be partitioned that way. ``partition = "dirichlet-topup"`` draws
 Dirichlet(alpha) label split once and then tops up every client below the minimum with
 samples taken at random from the largest clients' shares: the skew is kept, the few
 starved clients get a handful of samples. Everything is drawn from the seed.
+
+``RedrawingDirichletPartitioner``: flwr-datasets' ``DirichletPartitioner``, the same
+draws, without its warning for every redraw.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
+from logging import DEBUG
 
 import numpy as np
 from datasets import Dataset
-from flwr_datasets.partitioner import Partitioner
+from flwr.common import log
+from flwr_datasets.partitioner import DirichletPartitioner, Partitioner
 
 from fedreg_app import seeds
+
+#: How flwr-datasets' ``DirichletPartitioner`` begins the warning it gives for every draw
+#: that leaves a client below ``min_partition_size`` (before it draws again).
+REDRAW_WARNING = "The specified min_partition_size"
+#: The draws ``DirichletPartitioner`` makes at most: the first and 10 redraws.
+MAX_DIRICHLET_DRAWS = 11
+
+
+class RedrawingDirichletPartitioner(DirichletPartitioner):
+    """flwr-datasets' ``DirichletPartitioner`` unchanged (the same arguments, the same
+    random draws, the same partitions), less its warning for each redraw.
+
+    Redrawing until every client holds ``min_partition_size`` samples is how that
+    partitioner works: a redraw is no fault, and its warning, printed by every process
+    that partitions (the ServerApp and each ClientApp process), says nothing the user can
+    act on. The number of redraws is kept in :attr:`redraws` and logged at DEBUG level.
+    When all 11 draws fail, the partitioner's ``ValueError`` is raised as before, and
+    :func:`fedreg_app.data.client_splits` turns it into a ``ConfigError`` naming ``alpha``
+    and ``min-partition-size``. Other warnings pass through."""
+
+    redraws = 0
+
+    def load_partition(self, partition_id: int) -> Dataset:
+        caught: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return super().load_partition(partition_id)
+        finally:  # outside the block: what it gives back is not caught again
+            self._sort_warnings(caught)
+
+    def _sort_warnings(self, caught: list[warnings.WarningMessage]) -> None:
+        """Count the redraw warnings; give every other warning back to Python."""
+        others = [w for w in caught if not str(w.message).startswith(REDRAW_WARNING)]
+        found = len(caught) - len(others)
+        if found:
+            self.redraws += found
+            log(DEBUG, "Dirichlet partition: %d of at most %d draws left a client below "
+                "min-partition-size=%d; drawn again", found, MAX_DIRICHLET_DRAWS,
+                self._min_partition_size)  # fmt: skip
+        for w in others:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 class AssignedPartitioner(Partitioner):

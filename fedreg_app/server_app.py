@@ -30,7 +30,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedreg_app.checkpoint import Checkpoint, clients_record, committed_round
-from fedreg_app.config import ConfigError, RunConfig, is_count
+from fedreg_app.config import ConfigError, RunConfig, is_count, refuse_relative_paths
 from fedreg_app.data import (
     PartitionKey,
     TensorData,
@@ -838,6 +838,7 @@ def check_federation(
 
 def start_run(grid: Grid, context: Context) -> RunSetup:
     """Validate, find the clients, load the data and the model, or the checkpoint."""
+    refuse_relative_paths(context.run_config)  # read here, they would name another folder
     config = load_config(context.run_config)  # fails fast on bad input
     eval_batch_size(torch.device("cpu"))  # fails fast on a bad FEDREG_EVAL_BATCH
     if config.tensorboard:
