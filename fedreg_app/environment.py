@@ -17,8 +17,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
-
 #: Keys whose values decide whether a replay can be bit-identical.
 NUMERIC_KEYS = ("torch", "cpu_capability", "cpu", "machine", "cuda_device")
 CPUINFO = Path("/proc/cpuinfo")
@@ -62,6 +60,8 @@ def cpu_model(cpuinfo: Path = CPUINFO) -> str:
 
 def describe_environment() -> dict[str, str | None]:
     """This process's software versions and CPU kind, as a results file records them."""
+    import torch  # here, not above: the tools that only read records stay light
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

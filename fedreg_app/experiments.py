@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
 from fedreg_app.config import (
@@ -75,7 +75,6 @@ from fedreg_app.config import (
     is_count,
     setting_differences,
 )
-from fedreg_app.data import PartitionKey, federated_dataset, split_digests, split_sizes
 from fedreg_app.launcher import (
     ONE_CPU,
     SUPERLINK_HOME,
@@ -97,7 +96,6 @@ from fedreg_app.persist import (
     save_json,
 )
 from fedreg_app.protocol import STATE_KEY_PATTERN
-from fedreg_app.registry import get_algorithm, load_config
 from fedreg_app.reports import (
     DEGRADED,
     FINISHED,
@@ -120,6 +118,12 @@ from fedreg_app.reports import (
     run_status,
     write_report,
 )
+
+if TYPE_CHECKING:
+    from fedreg_app.data import PartitionKey
+
+# The data (fedreg_app.data) and the algorithms (fedreg_app.registry) bring torch: they
+# are imported where they are used, so that `fedreg-experiment --help` answers at once.
 
 EXPERIMENT_TABLE = "experiment"
 #: A run's own client state dir, in its seed folder (algorithms whose clients keep state).
@@ -478,6 +482,8 @@ def run_spec(
     """One run's config. Where the algorithm's clients keep state (FedReG's private head,
     Ditto's personal model, FedDyn's correction, ...), the run gets its own persistent
     ``state-dir`` in its seed folder (unless one is set), so that it can be resumed."""
+    from fedreg_app.registry import get_algorithm, load_config
+
     # absolute: its paths go into run configs (resume, results-dir, state-dir) that the
     # ServerApp reads in another working directory (a relative --out resumed nothing)
     folder = out.absolute() / experiment.name / cell_id(cell) / f"seed{seed}"
@@ -660,6 +666,8 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     if spec.keeps_state and checkpoint.state_key != folder.name:  # as the ServerApp refuses
         problem = f"its checkpoint belongs to the run folder {checkpoint.state_key!r} (a copy)"
         return _damaged(folder, problem, restart_damaged)
+    from fedreg_app.registry import get_algorithm, load_config
+
     try:
         config = load_config({**declared, **spec.run_config, "resume": str(folder)})
         checkpoint.check_compatible(config, get_algorithm(config.algo).resume_fixed)
@@ -714,6 +722,8 @@ def data_change(checkpoint: Checkpoint, config: RunConfig) -> str | None:
     recorded = checkpoint.clients or {}
     if not recorded.get("split_sizes"):  # an earlier version's (a reference's, before 0.3.0)
         return None
+    from fedreg_app.data import PartitionKey, federated_dataset, split_digests, split_sizes
+
     num_clients = recorded["num_clients"]
     key = PartitionKey.from_config(config, num_clients)
     try:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, TypeVar
 
 import numpy as np
-from flwr.common import log
 
 #: What reading a damaged file can raise (numpy, zipfile, json, the file system).
 READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
@@ -225,6 +224,8 @@ def read_cache(path: Path, read: Callable[[Path], T]) -> T | None:
     except READ_ERRORS as err:
         aside = quarantine(path)
         if aside is not None:
+            from flwr.common import log  # Flower's logger; a late import keeps CLIs light
+
             log(WARNING, "cache file %s is damaged (%s: %s): moved aside as %s, rebuilding it "
                 "from the source data", path, type(err).__name__, err, aside.name)  # fmt: skip
         return None

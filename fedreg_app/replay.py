@@ -51,7 +51,6 @@ from fedreg_app.launcher import (
 )
 from fedreg_app.metrics import INIT_MODEL_SHA256, first_line, record_problem, status_problem
 from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
-from fedreg_app.registry import load_config
 from fedreg_app.reports import placement_problem, read_sealed, seal_problem
 
 #: Per-round fields compared; the accuracies are fractions in [0, 1] (or None).
@@ -180,6 +179,8 @@ def replay_config(
     """The recorded config as it ran, with fresh ``results-dir`` / ``state-dir`` under
     ``out``, no ``resume`` and the ``--set`` paths; validated before any work. Returns it
     and notes for the user (keys the file does not record run with today's defaults)."""
+    from fedreg_app.registry import load_config  # the algorithms bring torch: not at start
+
     refused = sorted(set(overrides) - set(SETTABLE))
     if refused:
         raise ConfigError(

@@ -5,6 +5,7 @@ again at any time, from a partial grid too::
 
     fedreg-report experiments/                    # tables + accuracy curves (+ Figure 7)
     fedreg-report experiments/ --out docs/figures
+    fedreg-report results/<time>_fedreg_..._run<id>/   # one run, whatever its status
     fedreg-report classes --clients 30 --set dataset-path=../shared/data/fashion_mnist
 
 The folder layout is the runner's: ``<root>/<experiment>/<cell>/seed<k>/<run>/results.json``,
@@ -33,6 +34,11 @@ or not). Plots:
   runs cover at least two client counts);
 * ``class_distribution.png`` - the paper's Figure 4: each client's class counts in its
   original train split and in its rebalanced dataset (augmented part hatched).
+
+A run folder (as ``flwr run`` writes it under ``results-dir``) or its ``results.json``
+is reported on its own, running, stopped or failed too (:func:`write_run_report`):
+``table.md`` with its best, final and last-10 mean of G and P, ``costs.md``, ``runs.md``
+and ``accuracy.png``; several runs given so are set side by side.
 """
 
 from __future__ import annotations
@@ -51,40 +57,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only; no display on servers and devices
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.ticker import MaxNLocator, NullFormatter  # noqa: E402
-
-from clients.rebalance import class_threshold  # noqa: E402
-from fedreg_app.checkpoint import RESUMABLE_CHANGES, Seal, read_seal  # noqa: E402
-from fedreg_app.config import (  # noqa: E402
+from fedreg_app.checkpoint import RESUMABLE_CHANGES, Seal, read_seal
+from fedreg_app.config import (
     EARLIER_MEANING,
     PLACE_KEYS,
     ConfigError,
     RunConfig,
     as_ran,
+    is_whole,
     setting_differences,
 )
-from fedreg_app.data import PartitionKey, client_splits, federated_dataset  # noqa: E402
-from fedreg_app.environment import client_devices  # noqa: E402
-from fedreg_app.metrics import (  # noqa: E402
+from fedreg_app.environment import client_devices
+from fedreg_app.metrics import (
     COMPLETED,
     DEGRADED,
+    FAILED,
     RUNNING,
     STOPPED,
+    first_line,
     is_real,
     kept_rounds_problem,
     record_problem,
     status_problem,
 )
-from fedreg_app.overrides import declared_overrides, declared_run_config  # noqa: E402
-from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder  # noqa: E402
-from fedreg_app.registry import algorithm_names, load_config  # noqa: E402
-from fedreg_app.round_tables import personal_metric, rounds_report  # noqa: E402
+from fedreg_app.overrides import declared_overrides, declared_run_config
+from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder
+from fedreg_app.round_tables import GLOBAL, personal_metric, rounds_report
+
+# torch, the data and the algorithms (fedreg_app.registry), and matplotlib are imported
+# where they are used: `fedreg-report --help` and a wrong argument answer at once.
 
 CELL_SEPARATOR = "__"
 
@@ -162,10 +165,11 @@ def footnotes(table: str) -> str:
 @dataclass(frozen=True)
 class RunResult:
     """One finished run (completed or degraded), or with ``--unfinished`` an unfinished one
-    (``running``), located by the runner's folder layout."""
+    (``running``), located by the runner's folder layout; or a run reported on its own
+    (:func:`read_runs`: any status), named by its folder and its algorithm and seed."""
 
-    experiment: str
-    cell: str  # the cell folder, e.g. ``fedreg`` or ``fedreg__variant-a``
+    experiment: str  # a run reported on its own: its folder's name
+    cell: str  # the cell folder, e.g. ``fedreg`` or ``fedreg__variant-a``; or ``fedreg seed0``
     seed: int
     document: dict[str, Any]
     folder: Path | None = None  # where its results.json lies
@@ -391,6 +395,8 @@ def placement_problem(path: Path, document: dict[str, Any]) -> str | None:
                         if SEED_FOLDER.fullmatch(f.name)), None)  # fmt: skip
     if seed_folder is None:
         return None
+    from fedreg_app.registry import algorithm_names
+
     config, cell = document["config"], seed_folder.parent.name
     if cell.split(CELL_SEPARATOR)[0] not in algorithm_names():
         return None  # a seed<k> folder of a user's own, not the runner's layout
@@ -858,11 +864,14 @@ def paper_comparison(results: Sequence[RunResult], paper: PaperCells,
     return table
 
 
-def cost_table(results: Sequence[RunResult]) -> str:
+def cost_table(
+    results: Sequence[RunResult], names: tuple[str, str] = ("experiment", "cell")
+) -> str:
     """Per cell (mean over seeds): traffic both ways, parameters trained and seconds per
     round; what the FedSeq paper compares and what an edge deployment pays. A cell with
-    degraded runs is marked: missing replies carry no traffic, so its costs are lower."""
-    header = ["experiment", "cell", "MB to clients", "MB from clients", "training MB to / from",
+    degraded runs is marked: missing replies carry no traffic, so its costs are lower.
+    ``names`` head the first two columns (runs reported on their own: folder and run)."""
+    header = [*names, "MB to clients", "MB from clients", "training MB to / from",
               "trained params (M)", "s/round (median)", "seeds"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (experiment, cell), runs in by_key(results, lambda r: (r.experiment, r.cell)).items():
@@ -933,11 +942,14 @@ def _best_with_round(run: RunResult, metric: str) -> str:
     return f"{100 * best:.2f} (r{rounds[values.index(best)]})"
 
 
-def provenance_table(results: Sequence[RunResult]) -> str:
+def provenance_table(
+    results: Sequence[RunResult], names: tuple[str, str] = ("experiment", "cell")
+) -> str:
     """One line per run: how it ran (status, rounds, attempts, the machines, software and
     code of every attempt, seconds a round, failed replies) beside its best figures with
-    their rounds, so that a published figure can be traced to what made it."""
-    header = ["experiment", "cell", "seed", "status", "rounds", "attempts", "machine",
+    their rounds, so that a published figure can be traced to what made it. ``names``
+    head the first two columns (runs reported on their own: folder and run)."""
+    header = [*names, "seed", "status", "rounds", "attempts", "machine",
               "torch / flwr", "code", "s/round (median)", "failed replies", "best G (round)",
               "best P (round)", "started"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -992,6 +1004,9 @@ def plot_accuracy_curves(
     labelled ``†`` and a note under the figure says so. ``personal="sampled"``: the
     personal curve is over the clients that had trained by each round. With ``paper``,
     each cell's published G and P are dashed lines in the cell's colour."""
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
     personal_series = personal_metric(personal)
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
     cells = by_key(results, lambda r: r.cell)
@@ -1088,7 +1103,9 @@ def log_ratio_lines(results: Sequence[RunResult]) -> dict[str, list[tuple[int, f
 def plot_log_ratio_vs_clients(results: Sequence[RunResult], path: Path) -> Path:
     """The paper's Figure 7: mean log10(g/p) over seeds against the number of clients, one
     line per cell and setting (:func:`log_ratio_lines`)."""
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    from matplotlib.ticker import NullFormatter
+
+    figure, axis = pyplot().subplots(figsize=(7, 4.5))
     for label, points in log_ratio_lines(results).items():
         xs, ys = zip(*points, strict=True)
         axis.plot(xs, ys, marker="o", label=label)
@@ -1142,6 +1159,7 @@ def plot_class_distribution(
     rebalanced (bottom, augmented samples hatched)."""
     clients, classes = original.shape
     kept, added = rebalanced_counts(original, thresholds)
+    plt = pyplot()
     figure, axes = plt.subplots(2, 1, figsize=(max(8, clients * 0.35), 8), sharex=True)
     colours = plt.get_cmap("tab10" if classes <= 10 else "tab20")
     x = np.arange(clients)
@@ -1168,11 +1186,21 @@ def plot_class_distribution(
     return _save(figure, path)
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only (no display on servers and devices)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _save(figure: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(figure)
+    pyplot().close(figure)
     return path
 
 
@@ -1246,12 +1274,160 @@ def describe_setting(document: dict[str, Any]) -> str:
     )
 
 
+# --------------------------------------------------------- one run on its own
+#: The first columns of a report of runs given one by one (``costs.md``, ``runs.md``).
+RUN_NAMES = ("run folder", "run")
+#: The evaluated rounds whose mean a run's table gives beside its best and final figures.
+LAST_ROUNDS = 10
+RUN_NOTE = (
+    f"best: the highest figure, with its round; final: the last evaluated round's; last "
+    f"{LAST_ROUNDS}: the mean over the last {LAST_ROUNDS} evaluated rounds (over all of them "
+    f"where fewer were evaluated). Percent."
+)
+RUN_DEGRADED_NOTE = (
+    "In a degraded run's rounds with missing replies, P is over the clients that answered "
+    "(as in the curves)."
+)
+
+
+def is_run(path: Path) -> bool:
+    """Whether a path names one run, not a results root: a ``results.json`` (any file),
+    or a run folder, which holds one (as ``flwr run`` writes it under ``results-dir``)."""
+    return path.is_file() or (path / "results.json").is_file()
+
+
+def read_run(path: Path) -> RunResult:
+    """The run of a run folder or of its ``results.json``, whatever its status: a
+    ``running``, ``stopped`` or ``failed`` run is reported as far as it got. Checked as a
+    results root's records are; a failed run's rounds too. :class:`ConfigError` names
+    the file where it cannot be read or is not a consistent record."""
+    file = path if path.is_file() else path / "results.json"
+    document = read_document(file)
+    status = run_status(document)
+    if status in (INVALID, UNREADABLE):
+        error = str(document["run"]["error"]).removeprefix(f"{file.name}: ")
+        raise ConfigError(f"{file}: {status}: {error}")
+    problem = None if status in (*FINISHED, *UNFINISHED) else record_problem(document)
+    if problem:
+        error = document["run"].get("error")
+        why = f" ({status}: {first_line(error)})" if error else ""
+        raise ConfigError(f"{file}: the record{why} cannot be reported: {problem}")
+    seed = document["config"].get("seed")
+    if not is_whole(seed):
+        raise ConfigError(f"{file}: config.seed is {seed!r}; expected an integer >= 0")
+    name = f"{document['config']['algo']} seed{seed}"
+    return RunResult(file.parent.name, name, seed, document, file.parent)
+
+
+def read_runs(paths: Sequence[Path]) -> list[RunResult]:
+    """:func:`read_run` of each path, in the order given; runs of the same algorithm and
+    seed are numbered (``fedreg seed0 (2)``), and a run given twice is refused."""
+    runs, seen = [], {}
+    for path in paths:
+        run = read_run(path)
+        key = (run.folder / "results.json").resolve()
+        if key in seen:
+            raise ConfigError(f"{path}: the same run as {seen[key]}, given twice")
+        seen[key] = path
+        runs.append(run)
+    names = [run.cell for run in runs]
+    count: dict[str, int] = {}
+    for index, run in enumerate(runs):
+        if names.count(run.cell) > 1:
+            count[run.cell] = count.get(run.cell, 0) + 1
+            runs[index] = dataclasses.replace(run, cell=f"{run.cell} ({count[run.cell]})")
+    return runs
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.2f}"
+
+
+def run_figures(run: RunResult, metric: str, answered: bool = False) -> list[str]:
+    """A run's best (with its round), final and last-rounds mean of a per-round accuracy,
+    as percent texts ("–" where no round was evaluated)."""
+    rounds, values = run.series(metric, answered)
+    if not values:
+        return ["–", "–", "–"]
+    best = max(values)
+    recent = values[-LAST_ROUNDS:]
+    return [
+        f"{_percent(best)} (r{rounds[values.index(best)]})",
+        f"{_percent(values[-1])} (r{rounds[-1]})",
+        _percent(statistics.fmean(recent)),
+    ]
+
+
+def run_state(run: RunResult) -> str:
+    """What a run's status says, for the lines under its table."""
+    status = run_status(run.document)
+    if status in UNFINISHED:
+        return run.state
+    if status == FAILED:
+        return f"failed: {first_line(run.document['run'].get('error') or '')}"
+    return status or "no status recorded"
+
+
+def run_table(runs: Sequence[RunResult], personal: str = "all") -> str:
+    """One line per run, whatever its status: its best, final and last-rounds mean of G
+    and P, with its rounds done; under it, each run's file and what its status says."""
+    p = "P" if personal == "all" else f"P {personal}"
+    header = ["run", "status", "rounds"] + [
+        f"{m} {f}" for m in ("G", p) for f in ("best", "final", f"last {LAST_ROUNDS}")
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for run in runs:
+        g = run_figures(run, GLOBAL)
+        p_values = [
+            marked(text, run.degraded)
+            for text in run_figures(run, personal_metric(personal), run.degraded)
+        ]
+        cells = [run.cell, run_status(run.document) or "–", run.progress, *g, *p_values]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [RUN_NOTE] + ([RUN_DEGRADED_NOTE] if any(r.degraded for r in runs) else [])
+    if personal != "all":
+        notes.append(SAMPLED_NOTE)
+    where = [f"- {run.cell}: {run.folder / 'results.json'}; {run_state(run)}" for run in runs]
+    return "\n\n".join([footnotes("\n".join(lines)), *notes, "\n".join(where)])
+
+
+def write_run_report(paths: Sequence[Path], out: Path, personal: str = "all") -> list[Path]:
+    """The report of one run, or of several side by side, each given by its run folder or
+    its ``results.json``, whatever its status (:func:`read_runs`): ``table.md``
+    (:func:`run_table`), ``costs.md``, ``runs.md`` and ``accuracy.png`` (G and P per round;
+    left out while no run has an evaluated round, which the table then says)."""
+    runs = read_runs(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "table.md", out / "costs.md", out / "runs.md"]
+    table = run_table(runs, personal)
+    metric = personal_metric(personal)
+    drawn = any(r.series(GLOBAL)[0] or r.series(metric, answered=True)[0] for r in runs)
+    if not drawn:
+        table += "\n\nNo evaluated round yet: no accuracy curves."
+    written[0].write_text(table + "\n")
+    written[1].write_text(cost_table(runs, RUN_NAMES) + "\n")
+    written[2].write_text(provenance_table(runs, RUN_NAMES) + "\n")
+    if drawn:
+        settings = {describe_setting(r.document) for r in runs}
+        named = runs[0].cell if len(runs) == 1 else f"{len(runs)} runs"
+        title = f"{named}: {settings.pop()}" if len(settings) == 1 else (
+            f"{named} of {len(settings)} settings (runs.md)")  # fmt: skip
+        written.append(plot_accuracy_curves(runs, title, out / "accuracy.png", personal))
+    return written
+
+
 def class_distribution_report(
     run_config: dict[str, Any], clients: int, out: Path
 ) -> tuple[Path, str]:
     """Figure 4 for a run config: partition as the runs do, count labels (no decoding),
     and apply the rebalancing rule with the configured threshold. Returns the figure's
     path and :func:`rebalance_summary`'s line."""
+    import torch
+
+    from clients.rebalance import class_threshold
+    from fedreg_app.data import PartitionKey, client_splits, federated_dataset
+    from fedreg_app.registry import load_config
+
     config = load_config(run_config)
     key = PartitionKey.from_config(config, clients)
     num_classes = federated_dataset(key).load_split("train").features["label"].num_classes
@@ -1282,20 +1458,34 @@ def cell_names(text: str) -> list[str]:
     return names
 
 
+PATHS_HELP = """\
+PATH is one of:
+  a results root (fedreg-experiment --out): the newest finished run of each seed;
+      writes table.md (mean ± std over seeds), costs.md, runs.md, rounds.md and
+      <experiment>_accuracy.png, by default in ROOT/report
+  a run folder (results/<time>_<algo>_..._run<id>/, as `flwr run` writes it) or its
+      results.json, whatever the run's status (running, failed, ...): writes table.md
+      (best, final and last-10 mean of G and P), costs.md, runs.md and accuracy.png,
+      by default in RUN-FOLDER/report
+Several roots make one report; several runs are set side by side (both with --out)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["classes"]:
         return _classes_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="fedreg-report",
-        description="Tables and plots from the runs under a results root "
-        "(or `fedreg-report classes ...` for the Figure 4 class distribution).",
+        description="Tables and plots from the runs under a results root, or of single runs.\n"
+        "`fedreg-report classes ...`: the Figure 4 class distribution (see its --help).",
+        epilog=PATHS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("root", type=Path, nargs="+",
-                        help="results root written by fedreg-experiment; several (runners "
-                        "run side by side, one --out each) make one report")  # fmt: skip
-    parser.add_argument("--out", type=Path, help="where to write (default: ROOT/report; "
-                        "needed with several roots)")  # fmt: skip
+    parser.add_argument("root", type=Path, nargs="+", metavar="PATH",
+                        help="a results root, a run folder or a results.json; several of one "
+                        "kind (with --out)")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="where to write (default: PATH/report, or "
+                        "RUN-FOLDER/report; needed with several paths)")  # fmt: skip
     parser.add_argument(
         "--personal", choices=PERSONAL_FIGURES, default="all",
         help="personal accuracy shown: over all clients (default, as the sources) or over "
@@ -1323,19 +1513,45 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        papers = [read_paper_cells(path) for path in args.paper]
+        runs = runs_given(args)
         if args.out is None and len(args.root) > 1:
-            raise ConfigError(f"--out is needed with {len(args.root)} roots: where to write "
+            kind = "runs" if runs else "roots"
+            raise ConfigError(f"--out is needed with {len(args.root)} {kind}: where to write "
                               "their one report")  # fmt: skip
-        out = args.out or args.root[0] / "report"
-        written = write_report(args.root, out, args.personal, args.unfinished, papers,
-                               args.versus, args.cells)  # fmt: skip
+        if runs:
+            folder = args.root[0] if args.root[0].is_dir() else args.root[0].parent
+            written = write_run_report(args.root, args.out or folder / "report", args.personal)
+        else:
+            papers = [read_paper_cells(path) for path in args.paper]
+            out = args.out or args.root[0] / "report"
+            written = write_report(args.root, out, args.personal, args.unfinished, papers,
+                                   args.versus, args.cells)  # fmt: skip
     except (FileNotFoundError, ConfigError) as err:
         parser.error(str(err))
     print(written[0].read_text())
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def runs_given(args: argparse.Namespace) -> bool:
+    """Whether the paths are runs (run folders or results.json files), not results roots;
+    a path that does not exist, roots and runs mixed, and the options that read a root's
+    cells (``--paper``, ``--versus``, ``--cells``) with runs are refused."""
+    missing = [path for path in args.root if not path.exists()]
+    if missing:
+        raise ConfigError(f"{missing[0]}: no such file or folder")
+    runs = [is_run(path) for path in args.root]
+    if any(runs) and not all(runs):
+        raise ConfigError(
+            f"{args.root[runs.index(True)]} is a run and {args.root[runs.index(False)]} is not "
+            "(no results.json in it): give results roots, or runs (run folders or "
+            "results.json files), not both"
+        )
+    if all(runs) and (args.paper or args.versus or args.cells):
+        raise ConfigError("--paper, --versus and --cells read the cells of a results root; "
+                          "a report of runs given one by one sets them side by side")  # fmt: skip
+    return all(runs)
 
 
 def _classes_main(argv: list[str]) -> int:

@@ -31,7 +31,7 @@ MIN_EVAL_BATCH = 64
 #: MLP, one matrix product per layer, at 0.87-0.88x (two runs of
 #: ``benchmarks/eval_batch.py``; docs/performance.md).
 CPU_EVAL_BATCH_PER_THREAD = 128
-#: A GPU's evaluation batch: what every run before 0.3.0 used on any device.
+#: A GPU's evaluation batch.
 GPU_EVAL_BATCH = 512
 
 

@@ -37,6 +37,7 @@ from fedreg_app.reports import (
     rebalanced_counts,
     scan,
     write_report,
+    write_run_report,
 )
 from tests.holders import SERVERAPP, held_elsewhere
 
@@ -1206,3 +1207,96 @@ def test_report_cells_keeps_only_the_cells_named_and_refuses_an_unknown_one(
     assert "--versus='fedavg' is not a cell of these runs: expected one of fedreg" in (
         capsys.readouterr().err
     )
+
+
+# ---------------------------------------------------------- one run on its own
+def run_folder(tmp_path: Path, name: str, cell: str = "fedreg", seed: int = 0, **kwargs) -> Path:
+    """A run folder as ``flwr run`` writes it, ``<results-dir>/<time>_..._run<id>/``: not
+    the runner's layout (no experiment, cell or seed folders)."""
+    fake_run(tmp_path / "made", "e", cell, seed, run="r", **kwargs)
+    folder = tmp_path / "results" / name
+    folder.parent.mkdir(exist_ok=True)
+    (tmp_path / "made" / "e" / cell / f"seed{seed}" / "r").rename(folder)
+    return folder
+
+
+def test_a_run_folder_is_reported_on_its_own(tmp_path: Path, capsys) -> None:
+    """The best (with its round), final and last-10 mean of G and P, status and rounds;
+    costs and curves, in the run folder's report/ by default; the files named."""
+    name = "20261203-210922_fedreg_fashion_mnist_a0.1_s0_run7"
+    folder = run_folder(tmp_path, name, globals_=tuple(k / 100 for k in range(1, 13)),
+                        personals=tuple((90 - k) / 100 for k in range(12)))  # fmt: skip
+    assert main([str(folder)]) == 0
+    out = folder / "report"
+    table = (out / "table.md").read_text().splitlines()
+    assert table[0] == ("| run | status | rounds | G best | G final | G last 10 | P best | "
+                        "P final | P last 10 |")  # fmt: skip
+    # G 1..12 %: the last 10 are 3..12; P 90..79 %: the last 10 are 88..79
+    assert table[2] == ("| fedreg seed0 | completed | 12/12 | 12.00 (r12) | 12.00 (r12) | 7.50 "
+                        "| 90.00 (r1) | 79.00 (r12) | 83.50 |")  # fmt: skip
+    assert f"- fedreg seed0: {folder / 'results.json'}; completed" in table
+    costs = (out / "costs.md").read_text().splitlines()
+    assert costs[0].startswith("| run folder | run | MB to clients |")
+    assert costs[2] == f"| {name} | fedreg seed0 | 4.0 | 1.0 | 2.0 / 1.0 | 0.0 | 3.0 | 1 |"
+    assert (
+        (out / "runs.md")
+        .read_text()
+        .splitlines()[2]
+        .startswith(f"| {name} | fedreg seed0 | 0 | completed | 12/12 |")
+    )
+    with Image.open(out / "accuracy.png") as image:
+        assert image.format == "PNG" and image.width > 400 and image.height > 300
+    printed = capsys.readouterr().out
+    for file in ("table.md", "costs.md", "runs.md", "accuracy.png"):
+        assert f"wrote {out / file}\n" in printed
+    # its results.json names the same run; --out puts the report elsewhere
+    assert main([str(folder / "results.json"), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "table.md").read_text().splitlines()[2] == table[2]
+
+
+def test_running_and_failed_runs_are_reported_as_far_as_they_got(tmp_path: Path) -> None:
+    """A newcomer plots what a run has: a running run (given by its results.json) and a
+    failed one side by side, each with its status, rounds done and what its status says."""
+    running = run_folder(tmp_path, "a_run1", status="running")
+    failed = run_folder(tmp_path, "b_run2", seed=1, status="failed", error="boom\nmore",
+                        globals_=(0.4, 0.5, None), personals=(0.6, 0.7, None))  # fmt: skip
+    out = tmp_path / "report"
+    written = write_run_report([running / "results.json", failed], out)
+    assert [p.name for p in written] == ["table.md", "costs.md", "runs.md", "accuracy.png"]
+    table = (out / "table.md").read_text()
+    assert ("| fedreg seed0 | running | 3/5 | 70.00 (r3) | 70.00 (r3) | 60.00 | 90.00 (r3) "
+            "| 90.00 (r3) | 85.00 |") in table  # fmt: skip
+    assert ("| fedreg seed1 | failed | 3/5 | 50.00 (r2) | 50.00 (r2) | 45.00 | 70.00 (r2) "
+            "| 70.00 (r2) | 65.00 |") in table  # fmt: skip
+    assert f"- fedreg seed0: {running / 'results.json'}; running (in progress" in table
+    assert f"- fedreg seed1: {failed / 'results.json'}; failed: boom\n" in table
+
+
+def test_runs_given_one_by_one_are_named_checked_and_not_mixed_with_roots(
+    tmp_path: Path, capsys
+) -> None:
+    """Two runs of one algorithm and seed are numbered; a run given twice, a root beside a
+    run, a root's options with runs and several runs without --out are refused; a run
+    with no round yet gives its table and says why there are no curves."""
+    first = run_folder(tmp_path, "a_run1")
+    second = run_folder(tmp_path, "b_run2", globals_=(), personals=(), status="running")
+    written = write_run_report([first, second], tmp_path / "two")
+    rows = [line.split(" | ")[0] for line in (tmp_path / "two" / "table.md").read_text()
+            .splitlines()[2:4]]  # fmt: skip
+    assert rows == ["| fedreg seed0 (1)", "| fedreg seed0 (2)"]
+    assert written[-1].name == "accuracy.png"
+    written = write_run_report([second], tmp_path / "empty")
+    assert [p.name for p in written] == ["table.md", "costs.md", "runs.md"]
+    assert "No evaluated round yet" in written[0].read_text()
+    fake_run(tmp_path / "root", "e", "fedreg", 0)
+    for argv, says in [
+        ([first, first / "results.json", "--out", tmp_path / "x"], "given twice"),
+        ([first, tmp_path / "root", "--out", tmp_path / "x"], "not both"),
+        ([first, "--cells", "fedreg"], "read the cells of a results root"),
+        ([first, second], "--out is needed with 2 runs"),
+        ([tmp_path / "nowhere"], "no such file or folder"),
+    ]:
+        with pytest.raises(SystemExit):
+            main([str(arg) for arg in argv])
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
