@@ -229,7 +229,7 @@ class ClientProcedure:
             data,
             epochs=epochs,
             batch_size=self.config.batch_size,
-            lr=self.config.lr,
+            lr=self.stream_lr(stream),
             momentum=self.config.momentum,
             generator=generator
             if generator is not None
@@ -260,9 +260,15 @@ class ClientProcedure:
                 self.stored_momentum(stream, model, trainable) if self.keep_optimizers else None
             )
             self.optimizers[key] = MomentumSGD(
-                trainable, self.config.lr, self.config.momentum, restored
+                trainable, self.stream_lr(stream), self.config.momentum, restored
             )
         return self.optimizers[key]
+
+    def stream_lr(self, stream: int) -> float:
+        """The learning rate of the stream's optimizer: the run's ``lr``. FedReG's two
+        steps may each have their own (``fedreg-step1-lr``, ``fedreg-step2-lr``); the
+        momentum kept in the client's state does not depend on it."""
+        return self.config.lr
 
     def stored_momentum(
         self, stream: int, model: nn.Module, trainable: Sequence[nn.Parameter]

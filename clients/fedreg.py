@@ -39,6 +39,31 @@ What the sources leave open, one switch each:
   classes. The client computes all sizes from the seeded partitioning
   (``ClientSetup.partition_key``), no message carries them. e_k uses the same t.
 
+Where FedReG differs from its baselines (FedRoD above all), one switch each, to measure
+what each difference does; the defaults are FedReG as the sources describe it:
+
+* ``fedreg-personal``: the personal prediction. ``sum`` (default): head_g(z) + head_p(z),
+  in step (1)'s loss and in personal evaluation. ``private``: head_p(z) alone, in both.
+  ``kept-global``: in evaluation, head_p(z) plus the client's own head_g as its last
+  training left it (kept in the client's state, record ``fedreg-kept-head-g``), instead
+  of the head_g just received; training is that of ``sum`` (step (1) adds the model's
+  head_g: the received one, then as step (2) moves it from epoch to epoch). A client that
+  never trained uses the received head_g. ``sum`` and ``kept-global`` train the same
+  weights; only P differs: whether P follows G because the received head_g's logits are
+  added at evaluation.
+* ``fedreg-private-detach``: ``true`` computes head_p's logits in step (1) on z.detach(),
+  so head_p's gradient does not reach the base (FedRoD's personal head); head_g's term
+  keeps its gradient.
+* ``fedreg-private-init``: ``copy`` (default): head_p starts as a copy of head_g's
+  initial weights, as the thesis's code does (§4.3, ``copy.deepcopy()``). ``random``:
+  its own seeded initialisation (stream ``private-init``), the same on every client.
+* ``fedreg-step1-lr``, ``fedreg-step2-lr``: the learning rates of opt_1 and opt_2; 0 (the
+  default) is the run's ``lr``. Kept momentum is stored without the rate, so it carries
+  over unchanged.
+
+Without a private head (ablation (b)) ``fedreg-personal``, ``fedreg-private-detach`` and
+``fedreg-private-init`` change nothing.
+
 Ablations of the paper's Section 4.7 / Table 5, one switch each (defaults = FedReG):
 (a) ``fedreg-head-weight = "original"``: head_g averaged by |D_k| like the base;
 (b) ``fedreg-private-head = false``: no head_p; one head trained on the original data,
@@ -49,6 +74,7 @@ Ablations of the paper's Section 4.7 / Table 5, one switch each (defaults = FedR
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -56,7 +82,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.base import ClientProcedure, ClientSetup, TrainResult
+from clients.base import ClientProcedure, ClientSetup, TrainResult, same_weights
 from clients.rebalance import (
     RebalancedData,
     cached_rebalanced,
@@ -65,16 +91,30 @@ from clients.rebalance import (
     is_global_threshold,
     partition_train_sizes,
 )
-from fedreg_app.config import AlgorithmOptions, option
+from fedreg_app.config import AlgorithmOptions, at_least, option
 from fedreg_app.data import TensorData
-from fedreg_app.models import BASE, HEAD_G, HEAD_P
+from fedreg_app.models import (
+    BASE,
+    HEAD_G,
+    HEAD_P,
+    SplitModel,
+    check_keys,
+    checked_value,
+    initial_model,
+)
 from fedreg_app.protocol import EFFECTIVE_EXAMPLES
+from fedreg_app.records import from_record, to_record
 from fedreg_app.seeds import seed_int, torch_generator
-from fedreg_app.training import LossFn
+from fedreg_app.training import Forward, LossFn
 
 HEAD_WEIGHTS = ("effective", "original")
 SCHEDULES = ("interleaved", "sequential")
 STEP1_UPDATES = ("prose", "pseudocode")
+PERSONAL = ("sum", "private", "kept-global")
+PRIVATE_INITS = ("copy", "random")
+#: Client-state record of ``fedreg-personal = "kept-global"``: head_g after the client's
+#: last training, by its state-dict names (``head_g.*``).
+KEPT_HEAD_G = "fedreg-kept-head-g"
 #: fit's streams: one optimizer and one seeded shuffle per step.
 ORIGINAL_STREAM, REBALANCED_STREAM = 1, 2
 
@@ -129,6 +169,45 @@ class FedReGOptions(AlgorithmOptions):
         source="paper §3.2, thesis §3.3.2, their prose; `pseudocode` is the thesis's "
         "Algorithm 2, line 11",
     )  # fmt: skip
+    personal: str = option(
+        "fedreg-personal", "sum", f"one of {', '.join(PERSONAL)}",
+        lambda v: v in PERSONAL,
+        doc="The personal prediction: `sum`, `head_g(z) + head_p(z)` in step 1's loss and "
+        "in personal evaluation; `private`, `head_p(z)` alone in both; `kept-global`, "
+        "evaluation adds the client's own `head_g` as its last training left it (kept in "
+        "its state) instead of the one just received, training as `sum` (a client that "
+        "never trained uses the received one). No effect without a private head.",
+        source="paper §3.2 and Algorithm 1, line 9 (`sum`); `private` and `kept-global` "
+        "are our variants (does adding the received `head_g`'s logits make P follow G?)",
+    )  # fmt: skip
+    private_detach: bool = option(
+        "fedreg-private-detach", False, "true or false",
+        doc="`true`: step 1 computes `head_p`'s logits on `z.detach()`, so its gradient "
+        "does not reach the base; `head_g`'s term keeps its gradient. No effect without "
+        "a private head.",
+        source="paper §3.2 (the loss backpropagates through both heads into the base); "
+        "`true` is our variant, as FedRoD's personal head (`clients/fedrod.py`)",
+    )  # fmt: skip
+    private_init: str = option(
+        "fedreg-private-init", "copy", f"one of {', '.join(PRIVATE_INITS)}",
+        lambda v: v in PRIVATE_INITS,
+        doc="How `head_p` starts: `copy`, a copy of `head_g`'s initial weights; `random`, "
+        "its own seeded initialisation, the same on every client (with `init-model`, the "
+        "file then sets the base and `head_g` only). No effect without a private head.",
+        source="thesis §4.3 (head H2 is a `copy.deepcopy()` of the model's head); "
+        "`random` is our variant (a personal head that does not start as the global one)",
+    )  # fmt: skip
+    step1_lr: float = option(
+        "fedreg-step1-lr", 0.0, "a number >= 0 (0: the run's lr)", at_least(0),
+        doc="Learning rate of step 1's optimizer (opt_1); 0 uses `lr`.",
+        source="paper §4.1, thesis §5.3: one learning rate for both optimizers; other "
+        "values are our variant (the balance of the two steps)",
+    )  # fmt: skip
+    step2_lr: float = option(
+        "fedreg-step2-lr", 0.0, "a number >= 0 (0: the run's lr)", at_least(0),
+        doc="Learning rate of step 2's optimizer (opt_2); 0 uses `lr`.",
+        source="as `fedreg-step1-lr`",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -149,7 +228,23 @@ class FedReGClient(ClientProcedure):
         self.options = setup.config.options_as(FedReGOptions)
         if not self.options.private_head:  # ablation (b)
             self.private_head, self.private_groups = False, ()
+        #: ``fedreg-personal = "kept-global"``: head_g as the client's last training left
+        #: it, read from its state by :meth:`restore_private` (None: never trained).
+        self.kept_head_g: nn.Module | None = None
         super().__init__(setup)
+
+    def new_model(self, private_head: bool = False) -> SplitModel:
+        """The run's model; with ``fedreg-private-init = "random"``, head_p gets its own
+        seeded initialisation, made on the CPU (the same numbers on every device)."""
+        if not (private_head and self.options.private_init == "random"):
+            return super().new_model(private_head)
+        model = initial_model(self.setup.info, self.config, private_head)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed_int(self.config.seed, "private-init"))
+            for module in model.head_p.modules():
+                if hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+        return model.to(self.device)
 
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)
@@ -169,6 +264,8 @@ class FedReGClient(ClientProcedure):
                                           server_round, stream=step.stream,
                                           generator=shuffles[step.stream])  # fmt: skip
         self.save_private()
+        if self.private_head and self.options.personal == "kept-global":
+            self.setup.state[KEPT_HEAD_G] = to_record(self.model.group_state(HEAD_G))
         metrics = self.train_metrics(processed, **{EFFECTIVE_EXAMPLES: self.effective_samples()})
         return TrainResult(self.model.group_state(BASE, HEAD_G), metrics)
 
@@ -187,8 +284,66 @@ class FedReGClient(ClientProcedure):
         if not self.options.private_head:  # ablation (b): the one head learns both data
             return model.parameters_of(BASE, HEAD_G), self.cross_entropy(model)
         groups = (BASE, HEAD_P) if self.options.step1 == "prose" else (BASE, HEAD_P, HEAD_G)
-        # CE of the personal prediction head_g(z) + head_p(z), z = base(x)
-        return model.parameters_of(*groups), self.cross_entropy(self.personal_predict)
+        return model.parameters_of(*groups), self.cross_entropy(self.step1_logits)
+
+    def step1_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Step (1)'s prediction, z = base(x): head_g(z) + head_p(z) (``sum``,
+        ``kept-global``) or head_p(z) (``private``); head_p reads z.detach() under
+        ``fedreg-private-detach``."""
+        model = self.model
+        z = model.base(x)
+        private_z = z.detach() if self.options.private_detach else z
+        if self.options.personal == "private":
+            return model.head_p(private_z)
+        logits = model.head_g(z)
+        return logits + model.head_p(private_z)
+
+    # ------------------------------------------------------ the personal model
+    def personal_head(self, features: torch.Tensor) -> torch.Tensor:
+        """The personal prediction at evaluation (``fedreg-personal``); without a private
+        head (ablation (b)) the global head's."""
+        model = self.model
+        if model.head_p is None:
+            return model.head_g(features)
+        if self.options.personal == "private":
+            return model.head_p(features)
+        head_g = self.kept_head_g if self.kept_head_g is not None else model.head_g
+        logits = head_g(features)
+        return logits + model.head_p(features)
+
+    def personal_head_is(self, head: Forward) -> bool:
+        """Without a private head the personal head is the global one (one forward pass
+        serves both, as for FedAvg)."""
+        return (
+            self.model.head_p is None
+            and isinstance(head, nn.Module)
+            and same_weights(head, self.model.head_g)
+        )
+
+    def restore_private(self) -> None:
+        super().restore_private()
+        self.kept_head_g = None
+        if self.private_head and self.options.personal == "kept-global":
+            stored = self.setup.state.get(KEPT_HEAD_G)
+            if stored is not None:
+                self.kept_head_g = self.stored_head(KEPT_HEAD_G, from_record(stored))
+
+    def stored_head(self, record: str, arrays: dict[str, np.ndarray]) -> nn.Module:
+        """A head of head_g's structure holding ``arrays`` (keys ``head_g.*``), checked as
+        anything read from the node's disk is."""
+        head = copy.deepcopy(self.model.head_g).requires_grad_(False)
+        own = {f"{HEAD_G}.{key}": value for key, value in head.state_dict().items()}
+        check_keys(f"client state {record!r}", own, arrays)
+        with torch.no_grad():
+            for key, tensor in own.items():
+                tensor.copy_(checked_value(f"{record}: {key}", arrays[key], tensor))
+        return head
+
+    def stream_lr(self, stream: int) -> float:
+        """opt_1's and opt_2's learning rates (``fedreg-step1-lr``, ``fedreg-step2-lr``;
+        0: the run's ``lr``)."""
+        lr = {ORIGINAL_STREAM: self.options.step1_lr, REBALANCED_STREAM: self.options.step2_lr}
+        return lr.get(stream) or self.config.lr
 
     def shuffle(self, server_round: int, stream: int) -> torch.Generator:
         """The step's shuffle generator of this round: the one ``fit`` makes for the

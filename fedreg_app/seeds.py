@@ -11,6 +11,7 @@ are fixed constants (they keep the numbers of earlier versions of this project).
 | ``natural-ids`` | 0x1D    | -                           | which speakers/writers become clients  |
 | ``topup``       | 0xD1    | -                           | the ``dirichlet-topup`` partitioner    |
 | ``gpfl-init``   | 0x6F1   | -                           | GPFL's embedding and valve init        |
+| ``private-init``| 0xFE9   | -                           | FedReG's random head_p init            |
 | ``shuffle``     | -       | partition, round, step      | mini-batch order of a training step    |
 | ``rebalance``   | -       | partition                   | FedReG's augmentation of rare classes  |
 | ``central-shuffle``| 0xCE7 | round                   | centralised training's mini-batches |
@@ -33,6 +34,7 @@ STREAMS: dict[str, tuple[int, ...]] = {
     "natural-ids": (0x1D,),
     "topup": (0xD1,),
     "gpfl-init": (0x6F1,),
+    "private-init": (0xFE9,),
     "shuffle": (),
     "rebalance": (),
     "central-shuffle": (0xCE7,),

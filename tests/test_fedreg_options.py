@@ -1,6 +1,7 @@
 """FedReG's options where the sources leave it open: the schedule of
 the E local epochs over the two steps, what step 1 updates, and the threshold's global
-reading (paper §3.4)."""
+reading (paper §3.4); and the switches of where FedReG differs from its baselines: the
+personal prediction, head_p's gradient into the base, head_p's start, each step's lr."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import RecordDict
+from flwr.app import MessageType, RecordDict
+from torch.nn import functional as F  # noqa: N812 - the usual name
 
 import clients.base
 import clients.rebalance as rebalance
 import fedreg_app.training as training
 from clients.base import ClientSetup, optimizer_record
-from clients.fedreg import FedReGClient
+from clients.fedreg import KEPT_HEAD_G, FedReGClient, FedReGOptions
 from clients.rebalance import (
     build_rebalanced,
     class_threshold,
@@ -26,8 +28,8 @@ from clients.rebalance import (
 from fedreg_app.config import ConfigError
 from fedreg_app.data import PartitionKey, TensorData, client_splits
 from fedreg_app.models import BASE, HEAD_G, HEAD_P, build_model
-from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_PROCESSED
-from fedreg_app.records import from_record
+from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.records import from_record, to_record
 from fedreg_app.registry import load_config
 from tests.test_clients import INFO, global_arrays, group, make_setup, same
 
@@ -377,3 +379,305 @@ def test_a_federation_runs_with_the_global_threshold(grey_dataset: Path, tmp_pat
     key = partition_key(grey_dataset)
     stored = data_cache_folder((tmp_path / "state").resolve(), key) / "train-sizes.json"
     assert json.loads(stored.read_text()) == list(partition_train_sizes(key))
+
+
+# --- 4. FedReG's differences from its baselines, one switch each --------------------
+
+
+class BeforeTheSwitches(FedReGClient):
+    """FedReG as it ran before these switches, spelled out: step 1's loss on
+    head_g(z) + head_p(z), the base class's personal head, model and learning rate."""
+
+    def original_step(self):
+        trainable, loss_fn = super().original_step()
+        model = self.model
+        if model.head_p is None:  # ablation (b): the global model's loss
+            return trainable, loss_fn
+
+        def logits(x):
+            z = model.base(x)
+            return model.head_g(z) + model.head_p(z)
+
+        return trainable, self.cross_entropy(logits)
+
+    new_model = clients.base.ClientProcedure.new_model
+    personal_head = clients.base.ClientProcedure.personal_head
+    personal_head_is = clients.base.ClientProcedure.personal_head_is
+    stream_lr = clients.base.ClientProcedure.stream_lr
+
+
+SWITCH_DEFAULTS = {"fedreg-personal": "sum", "fedreg-private-detach": False,
+                   "fedreg-private-init": "copy", "fedreg-step1-lr": 0.0,
+                   "fedreg-step2-lr": 0.0}  # fmt: skip
+
+
+def three_rounds_and_evaluate(kind: type[FedReGClient], **config) -> tuple[dict, RecordDict, list]:
+    """Rounds 1 to 3 on one client, then its evaluation in round 4 on another global
+    model: its weights, state, and every reply's metrics and counts."""
+    state, replies = RecordDict(), []
+    for server_round in (1, 2, 3):
+        client = kind(make_setup(state, **config))
+        replies.append(client.train(global_arrays(server_round), server_round).metrics)
+    replies.append(kind(make_setup(state, **config)).evaluate(global_arrays(9), 4))
+    return everything(client), state, replies
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{"optimizer-state": "persistent"}, {"optimizer-state": "fresh"},
+     {"fedreg-schedule": "sequential", "fedreg-step1": "pseudocode"},
+     {"fedreg-private-head": False}, {"fedreg-original-step": False}],
+)  # fmt: skip
+def test_the_switches_defaults_train_and_evaluate_as_before_bit_for_bit(variant) -> None:
+    config = {"local-epochs": 2, **variant}
+    ours = three_rounds_and_evaluate(FedReGClient, **SWITCH_DEFAULTS, **config)
+    before = three_rounds_and_evaluate(BeforeTheSwitches, **config)
+    assert same(ours[0], before[0])
+    assert set(ours[1]) == set(before[1])  # no record added by the defaults
+    for name in ours[1]:
+        assert same(from_record(ours[1][name]), from_record(before[1][name])), name
+    assert ours[2] == before[2]
+
+
+def test_the_switches_defaults_and_values_are_checked() -> None:
+    options = FedReGClient(make_setup()).options
+    assert FedReGOptions.declared() | SWITCH_DEFAULTS == FedReGOptions.declared()
+    assert (options.personal, options.private_detach, options.private_init) == (
+        "sum", False, "copy")  # fmt: skip
+    assert (options.step1_lr, options.step2_lr) == (0.0, 0.0)
+    for key, value in (("fedreg-personal", "global"), ("fedreg-private-init", "zeros"),
+                       ("fedreg-step1-lr", -0.01), ("fedreg-step2-lr", "fast"),
+                       ("fedreg-private-detach", "yes")):  # fmt: skip
+        with pytest.raises(ConfigError, match=key):
+            load_config({key: value})
+
+
+def one_batch(client: FedReGClient) -> tuple[torch.Tensor, torch.Tensor]:
+    """16 train samples, normalised as training reads them."""
+    x = client.data.train.x[:16].float() / 127.5 - 1
+    return x.to(client.device), client.data.train.y[:16]
+
+
+def trained_client(state: RecordDict | None = None, **config) -> FedReGClient:
+    client = FedReGClient(make_setup(state, **config))
+    client.train(global_arrays(), 1)
+    return client
+
+
+def test_private_personal_model_is_head_p_on_the_base_in_training_and_evaluation() -> None:
+    state = RecordDict()
+    trained_client(state, **{"fedreg-personal": "private"})
+    client = FedReGClient(make_setup(state, **{"fedreg-personal": "private"}))
+    counts = client.evaluate(global_arrays(1), 2)  # the new global model, head_p restored
+    model = client.model
+    x = client.data.test.x.float() / 127.5 - 1
+    with torch.no_grad():
+        expected = model.head_p(model.base(x))
+        base, head = client.personal_parts()
+        assert torch.equal(head(base(x)), expected)
+        assert not torch.allclose(expected, model.head_g(model.base(x)) + expected)
+    assert counts[PERSONAL_CORRECT] == int((expected.argmax(1) == client.data.test.y).sum())
+    # step 1's loss is the cross-entropy of head_p(z) alone: head_g gets no gradient
+    x, y = one_batch(client)
+    _, loss_fn = client.original_step()
+    loss_fn(x, y).backward()
+    expected_loss = F.cross_entropy(model.head_p(model.base(x)), y)
+    assert torch.equal(loss_fn(x, y), expected_loss)
+    assert all(p.grad is None for p in model.parameters_of(HEAD_G))
+    assert all(p.grad is not None for p in model.parameters_of(BASE, HEAD_P))
+
+
+def test_private_personal_with_the_pseudocode_step1_leaves_head_g_to_step2() -> None:
+    client = Recording(make_setup(**{"fedreg-personal": "private", "fedreg-step1": "pseudocode"}))
+    client.train(global_arrays(), 1)
+    (_, _, before1, after1), (_, _, before2, after2) = client.calls
+    assert same(group(before1, HEAD_G), group(after1, HEAD_G))
+    assert not same(group(before2, HEAD_G), group(after2, HEAD_G))
+
+
+def test_kept_global_trains_as_sum_and_keeps_head_g_as_training_left_it() -> None:
+    kept = two_rounds(FedReGClient, **{"fedreg-personal": "kept-global", "local-epochs": 2})
+    summed = two_rounds(FedReGClient, **{"local-epochs": 2})
+    assert same(kept[0], summed[0]) and kept[2] == summed[2]
+    assert set(kept[1]) == set(summed[1]) | {KEPT_HEAD_G}
+    for name in summed[1]:
+        assert same(from_record(kept[1][name]), from_record(summed[1][name])), name
+    assert same(from_record(kept[1][KEPT_HEAD_G]), group(kept[0], HEAD_G))
+
+
+def test_kept_global_evaluates_head_p_with_the_clients_own_head_g() -> None:
+    config = {"fedreg-personal": "kept-global"}
+    state = RecordDict()
+    trained = FedReGClient(make_setup(state, **config))
+    sent = trained.train(global_arrays(), 1).arrays
+    client = FedReGClient(make_setup(state, **config))
+    received = global_arrays(1)
+    counts = client.evaluate(received, 2)
+    model = client.model
+    assert same(model.group_state(HEAD_G), group(received, HEAD_G))  # global eval's head
+    x = client.data.test.x.float() / 127.5 - 1
+    own = build_model(INFO, 2, 0)
+    own.load_group_state(sent, BASE, HEAD_G)
+    with torch.no_grad():
+        z = model.base(x)
+        expected = own.head_g(z) + model.head_p(z)
+        assert torch.equal(client.personal_head(z), expected)
+        assert not torch.allclose(expected, model.head_g(z) + model.head_p(z))
+    assert counts[PERSONAL_CORRECT] == int((expected.argmax(1) == client.data.test.y).sum())
+    assert KEPT_HEAD_G in state  # evaluation changes no state
+    assert same(from_record(state[KEPT_HEAD_G]), group(sent, HEAD_G))
+
+
+def test_kept_global_on_a_client_that_never_trained_uses_the_received_head_g() -> None:
+    kept = FedReGClient(make_setup(**{"fedreg-personal": "kept-global"}))
+    summed = FedReGClient(make_setup())
+    assert kept.evaluate(global_arrays(3), 1) == summed.evaluate(global_arrays(3), 1)
+    assert kept.kept_head_g is None
+    z = torch.randn(5, 384)
+    assert torch.equal(kept.personal_head(z), summed.personal_head(z))
+
+
+def test_a_kept_head_g_of_the_wrong_shape_is_refused() -> None:
+    state = RecordDict()
+    trained_client(state, **{"fedreg-personal": "kept-global"})
+    arrays = from_record(state[KEPT_HEAD_G])
+    name = next(iter(arrays))
+    state[KEPT_HEAD_G] = to_record({**arrays, name: np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=f"{KEPT_HEAD_G}.*{name}"):
+        FedReGClient(make_setup(state, **{"fedreg-personal": "kept-global"})).evaluate(
+            global_arrays(), 2
+        )
+
+
+def step1_gradients(**config) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient of step 1's loss on one batch."""
+    client = FedReGClient(make_setup(**config))
+    client.load_global(global_arrays())
+    x, y = one_batch(client)
+    _, loss_fn = client.original_step()
+    loss_fn(x, y).backward()
+    return {n: p.grad.clone() for n, p in client.model.named_parameters() if p.grad is not None}
+
+
+def test_private_detach_takes_head_ps_gradient_out_of_the_base() -> None:
+    detached = step1_gradients(**{"fedreg-private-detach": True})
+    attached = step1_gradients()
+    # head_p's own gradient is the same; the base's is head_g's term alone
+    for name in detached:
+        if name.startswith(HEAD_P + "."):
+            assert torch.equal(detached[name], attached[name]), name
+    client = FedReGClient(make_setup())
+    client.load_global(global_arrays())
+    model = client.model
+    x, y = one_batch(client)
+    z = model.base(x)
+    F.cross_entropy(model.head_g(z) + model.head_p(z).detach(), y).backward()
+    for name, param in model.named_parameters():
+        if name.startswith(BASE + "."):
+            assert torch.allclose(detached[name], param.grad, rtol=1e-5, atol=1e-7), name
+            assert not torch.allclose(attached[name], param.grad, rtol=1e-3), name
+
+
+def test_private_detach_with_the_private_head_alone_leaves_the_base_to_step2() -> None:
+    """head_p(z.detach()) is then step 1's only term: the base gets no gradient and does
+    not move in step 1, head_p does; without the detach the base moves."""
+    config = {"fedreg-personal": "private", "local-epochs": 2}
+    for detach in (True, False):
+        client = Recording(make_setup(**config, **{"fedreg-private-detach": detach}))
+        client.train(global_arrays(), 1)
+        for stream, _, before, after in client.calls:
+            moved = {g: not same(group(before, g), group(after, g)) for g in (BASE, HEAD_P)}
+            if stream == 1:
+                assert moved == {BASE: not detach, HEAD_P: True}
+            else:
+                assert moved == {BASE: True, HEAD_P: False}
+
+
+def test_random_private_init_is_seeded_the_same_on_every_client_and_not_head_g() -> None:
+    def initial(seed: int = 0, counts=(40, 3, 0, 9), init: str = "random") -> dict:
+        torch.manual_seed(123 + seed + len(counts))  # the global generator plays no part
+        client = FedReGClient(make_setup(counts=counts, seed=seed,
+                                         **{"fedreg-private-init": init}))  # fmt: skip
+        client.restore_private()  # a client's first time: the initial head
+        return client.model.group_state(BASE, HEAD_G, HEAD_P)
+
+    copied, drawn = initial(init="copy"), initial()
+    renamed = {k.replace(HEAD_P + ".", HEAD_G + ".", 1): v for k, v in group(drawn, HEAD_P).items()}
+    assert same(group(copied, HEAD_P), {k.replace(HEAD_G, HEAD_P, 1): v
+                                        for k, v in group(copied, HEAD_G).items()})  # fmt: skip
+    assert renamed.keys() == group(drawn, HEAD_G).keys()
+    assert all(not np.array_equal(renamed[k], group(drawn, HEAD_G)[k]) for k in renamed)
+    assert same(group(drawn, BASE), group(copied, BASE))  # only head_p changes
+    assert same(group(drawn, HEAD_G), group(copied, HEAD_G))
+    assert same(drawn, initial(counts=(1, 20, 30, 0)))  # another client, the same head_p
+    other_seed = initial(seed=1)
+    assert not same(group(other_seed, HEAD_P), group(drawn, HEAD_P))
+    assert same(other_seed, initial(seed=1))
+    # PyTorch's Linear initialisation: weights and bias uniform in +-1/sqrt(fan_in)
+    for key, value in group(drawn, HEAD_P).items():
+        layer = key.rsplit(".", 1)[0]
+        bound = 1 / np.sqrt(group(drawn, HEAD_P)[layer + ".weight"].shape[1])
+        assert np.abs(value).max() <= bound
+        assert value.ndim == 1 or np.abs(value).max() > 0.95 * bound  # weights fill it
+
+
+def test_random_private_init_changes_nothing_without_a_private_head() -> None:
+    config = {"fedreg-private-head": False}
+    drawn = FedReGClient(make_setup(**config, **{"fedreg-private-init": "random"}))
+    copied = FedReGClient(make_setup(**config))
+    assert drawn.model.head_p is None
+    assert same(drawn.train(global_arrays(), 1).arrays, copied.train(global_arrays(), 1).arrays)
+
+
+@pytest.mark.parametrize("optimizer_state", ["persistent", "fresh"])
+def test_each_steps_lr_replaces_the_runs_lr_in_its_step_only(optimizer_state: str) -> None:
+    """{lr 0.03, both steps 0.01} is {lr 0.01}; {step 1 at 0.03} is {lr 0.03, step 2 at
+    0.01}: each key sets its own step's rate and nothing else, momentum kept or not."""
+    config = {"local-epochs": 2, "optimizer-state": optimizer_state}
+    both = two_rounds(FedReGClient, **config, lr=0.03,
+                      **{"fedreg-step1-lr": 0.01, "fedreg-step2-lr": 0.01})  # fmt: skip
+    plain = two_rounds(FedReGClient, **config, lr=0.01)
+    first = two_rounds(FedReGClient, **config, lr=0.01, **{"fedreg-step1-lr": 0.03})
+    second = two_rounds(FedReGClient, **config, lr=0.03, **{"fedreg-step2-lr": 0.01})
+    for a, b in ((both, plain), (first, second)):
+        assert same(a[0], b[0]) and a[2] == b[2]
+        assert set(a[1]) == set(b[1])
+        for name in a[1]:
+            assert same(from_record(a[1][name]), from_record(b[1][name])), name
+    assert not same(first[0], plain[0])
+
+
+def test_a_steps_lr_moves_only_its_step() -> None:
+    """One pass of each step from the same weights: step 1 at 0.03 moves base and head_p
+    three times as far as at 0.01 (the first step of SGD with momentum is lr * grad)."""
+    deltas = {}
+    for lr in (0.01, 0.03):
+        client = Recording(make_setup(**{"fedreg-step1-lr": lr, "batch-size": 64,
+                                         "drop-last": False}))  # fmt: skip
+        client.train(global_arrays(), 1)
+        _, _, before, after = client.calls[0]
+        deltas[lr] = {k: after[k] - before[k] for k in before if not k.startswith(HEAD_G)}
+    for key, small in deltas[0.01].items():
+        np.testing.assert_allclose(deltas[0.03][key], 3 * small, rtol=1e-3, atol=1e-6)
+
+
+def test_the_switches_run_through_a_federation_and_resume_to_the_same_run(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    """Through the real ServerApp and ClientApp, the kept head_g in the client's state on
+    disk: killed in the last round's evaluation and resumed, the run is the whole one."""
+    from tests.algorithm_runs import ROUNDS, run_config
+    from tests.inprocess import client_states, results
+    from tests.test_algorithm_runs import assert_same_run, kill_and_resume, run_whole
+
+    config = {**run_config("fedreg", grey_dataset, tmp_path), "eval-every": 1,
+              "fedreg-personal": "kept-global", "fedreg-private-detach": True,
+              "fedreg-private-init": "random", "fedreg-step1-lr": 0.02,
+              "fedreg-step2-lr": 0.005}  # fmt: skip
+    run_whole(tmp_path, config)
+    kill_and_resume(tmp_path, config, [(MessageType.EVALUATE, ROUNDS, 1)])
+    assert_same_run(tmp_path)
+    whole = results(tmp_path / "whole")
+    assert whole["config"]["fedreg-personal"] == "kept-global"
+    states = client_states(tmp_path / "sw")
+    assert any(KEPT_HEAD_G in str(name) for name in states)
