@@ -133,3 +133,11 @@ def test_the_generator_rewrites_only_its_block_and_check_says_when_the_page_diff
     page.write_text("# Configuration\n\nno markers\n")
     assert main(["--page", str(page)]) == 2
     assert page.read_text() == "# Configuration\n\nno markers\n"
+
+
+def test_the_readme_reads_in_minutes() -> None:
+    """A newcomer's first page: at most 300 lines, none longer than 300 characters (the
+    depth is on the documentation site)."""
+    lines = (PROJECT / "README.md").read_text().splitlines()
+    assert len(lines) <= 300
+    assert [n for n, line in enumerate(lines, 1) if len(line) > 300] == []

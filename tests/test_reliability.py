@@ -1237,7 +1237,7 @@ def test_a_device_reads_its_own_copy_when_it_lacks_the_servers_dataset_path(
     base: dict[str, Any], tmp_path: Path, grey_dataset: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The run config's `dataset-path` is the server's copy; each device names its own
-    in its node config (docs/deployment.md, 1.5). Every ClientApp still validated the
+    in its node config (docs/deployment.md, "Node config"). Every ClientApp still validated the
     run config's path, so on a device without the server's folder every query failed
     and discovery waited out its timeout: no real deployment with other paths could
     start. Here the server's copy is hidden from the nodes while they run."""
