@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from clients.base import snapshot, squared_distance
+from clients.base import ClientProcedure, snapshot, squared_distance
 from clients.fedavg import FedAvgClient
 from fedreg_app.config import AlgorithmOptions, option
 from fedreg_app.models import BASE, HEAD_G, check_keys, checked_value
@@ -34,40 +34,61 @@ class FedDynOptions(AlgorithmOptions):
     )  # fmt: skip
 
 
+class DynamicRegulariser:
+    """FedDyn's client side on the shared parameters (base and head_g) of one round:
+    the linear term <grad_k, w>, the distance ||w - w_g||^2 to the weights received, and
+    the correction's update after training, kept in the client's state. FedReG's
+    ``fedreg-dyn-alpha`` uses it too."""
+
+    def __init__(self, client: ClientProcedure, alpha: float) -> None:
+        self.client, self.alpha = client, alpha
+        self.names = client.model.parameter_names_of(BASE, HEAD_G)
+        self.shared = client.model.parameters_of(BASE, HEAD_G)
+        self.anchors = snapshot(self.shared)
+        self.correction = self.load_correction()
+
+    def linear(self) -> torch.Tensor:
+        return sum((g * p).sum() for g, p in zip(self.correction, self.shared, strict=True))
+
+    def distance(self) -> torch.Tensor:
+        return squared_distance(self.shared, self.anchors)
+
+    def load_correction(self) -> list[torch.Tensor]:
+        state = self.client.setup.state
+        if CORRECTION not in state:
+            return [torch.zeros_like(p) for p in self.shared]
+        stored = from_record(state[CORRECTION])
+        check_keys(f"client state {CORRECTION!r}", self.names, stored)  # read from the disk
+        return [
+            checked_value(f"client state {CORRECTION!r}: {name}", stored[name], p).to(
+                self.client.device
+            )
+            for name, p in zip(self.names, self.shared, strict=True)
+        ]
+
+    def save_correction(self) -> None:
+        """grad_k <- grad_k - alpha (w_k - w_g), into the client's state."""
+        updated = {
+            name: (g - self.alpha * (p.detach() - w_g)).cpu().numpy()
+            for name, g, p, w_g in zip(
+                self.names, self.correction, self.shared, self.anchors, strict=True
+            )
+        }
+        self.client.setup.state[CORRECTION] = to_record(updated)
+
+
 class FedDynClient(FedAvgClient):
     state_records = (CORRECTION,)
 
     def local_loss(self, trainable: Sequence[nn.Parameter]) -> LossFn:
         alpha = self.config.options_as(FedDynOptions).alpha
-        self._global_weights = snapshot(trainable)
-        self._correction = self.load_correction(trainable)
+        self._regulariser = regulariser = DynamicRegulariser(self, alpha)
         ce = self.cross_entropy(self.model)
-        anchors, correction = self._global_weights, self._correction
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            linear = sum((g * p).sum() for g, p in zip(correction, trainable, strict=True))
-            return ce(x, y) - linear + alpha / 2 * squared_distance(trainable, anchors)
+            return ce(x, y) - regulariser.linear() + alpha / 2 * regulariser.distance()
 
         return loss
 
-    def load_correction(self, trainable: Sequence[nn.Parameter]) -> list[torch.Tensor]:
-        if CORRECTION not in self.setup.state:
-            return [torch.zeros_like(p) for p in trainable]
-        stored = from_record(self.setup.state[CORRECTION])
-        names = self.model.parameter_names_of(BASE, HEAD_G)
-        check_keys(f"client state {CORRECTION!r}", names, stored)  # read from the disk
-        return [
-            checked_value(f"client state {CORRECTION!r}: {name}", stored[name], p).to(self.device)
-            for name, p in zip(names, trainable, strict=True)
-        ]
-
     def after_local_training(self, trainable: Sequence[nn.Parameter]) -> None:
-        alpha = self.config.options_as(FedDynOptions).alpha
-        names = self.model.parameter_names_of(BASE, HEAD_G)
-        updated = {
-            name: (g - alpha * (p.detach() - w_g)).cpu().numpy()
-            for name, g, p, w_g in zip(
-                names, self._correction, trainable, self._global_weights, strict=True
-            )
-        }
-        self.setup.state[CORRECTION] = to_record(updated)
+        self._regulariser.save_correction()

@@ -61,6 +61,18 @@ what each difference does; the defaults are FedReG as the sources describe it:
   default) is the run's ``lr``. Kept momentum is stored without the rate, so it carries
   over unchanged.
 
+FedReG combined with what steadies its baselines' global model (the paper's §6, our
+variants; defaults off):
+
+* ``fedreg-global-loss = "balanced-softmax"``: step (2) trains with FedRoD's balanced
+  softmax, the log class counts of the data it trains on added to the logits. On the
+  rebalanced set every class present has t samples, so what remains is that the classes
+  the client lacks leave its softmax.
+* ``fedreg-dyn-alpha`` > 0: FedDyn's regulariser on base and head_g in both steps, its
+  correction in the client's state, and the server's h (``strategies/fedreg.py``).
+* ``threshold = "auto"`` (``clients/rebalance.py``): less step-(2) training where a
+  client's classes are skewed.
+
 Without a private head (ablation (b)) ``fedreg-personal``, ``fedreg-private-detach`` and
 ``fedreg-private-init`` change nothing.
 
@@ -83,6 +95,8 @@ import torch
 from torch import nn
 
 from clients.base import ClientProcedure, ClientSetup, TrainResult, same_weights
+from clients.feddyn import DynamicRegulariser
+from clients.fedrod import balanced_softmax_loss, log_class_prior
 from clients.rebalance import (
     RebalancedData,
     cached_rebalanced,
@@ -112,6 +126,7 @@ SCHEDULES = ("interleaved", "sequential")
 STEP1_UPDATES = ("prose", "pseudocode")
 PERSONAL = ("sum", "private", "kept-global")
 PRIVATE_INITS = ("copy", "random")
+GLOBAL_LOSSES = ("ce", "balanced-softmax")
 #: Client-state record of ``fedreg-personal = "kept-global"``: head_g after the client's
 #: last training, by its state-dict names (``head_g.*``).
 KEPT_HEAD_G = "fedreg-kept-head-g"
@@ -208,6 +223,25 @@ class FedReGOptions(AlgorithmOptions):
         doc="Learning rate of step 2's optimizer (opt_2); 0 uses `lr`.",
         source="as `fedreg-step1-lr`",
     )  # fmt: skip
+    global_loss: str = option(
+        "fedreg-global-loss", "ce", f"one of {', '.join(GLOBAL_LOSSES)}",
+        lambda v: v in GLOBAL_LOSSES,
+        doc="Step 2's loss: `ce`, cross-entropy; `balanced-softmax`, FedRoD's "
+        "balanced-softmax CE with the class counts of the data step 2 trains on (the "
+        "rebalanced set's: every class present at t, so the classes the client lacks "
+        "are left out of its softmax).",
+        source="paper §3.2 (`ce`); `balanced-softmax` is our variant, FedReG with FedRoD's "
+        "generic loss (Chen & Chao 2022, `clients/fedrod.py`), for the paper's §6",
+    )  # fmt: skip
+    dyn_alpha: float = option(
+        "fedreg-dyn-alpha", 0.0, "a number >= 0 (0: off)", at_least(0),
+        doc="α of FedDyn's regulariser on the shared parts (base and `head_g`): each "
+        "step's loss adds −⟨g_k, w⟩ + α/2‖w − w_g‖², the client keeps its correction g_k, "
+        "and the server subtracts h/α from FedReG's weighted average. 0: off.",
+        source="0 is FedReG (paper §3.2); > 0 is our variant, FedReG with FedDyn's "
+        "regulariser (Acar et al. 2021; `dyn-alpha`'s 0.01 is its value there), for the "
+        "paper's §6",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -231,6 +265,8 @@ class FedReGClient(ClientProcedure):
         #: ``fedreg-personal = "kept-global"``: head_g as the client's last training left
         #: it, read from its state by :meth:`restore_private` (None: never trained).
         self.kept_head_g: nn.Module | None = None
+        #: ``fedreg-dyn-alpha`` > 0: FedDyn's terms of the round being trained.
+        self.regulariser: DynamicRegulariser | None = None
         super().__init__(setup)
 
     def new_model(self, private_head: bool = False) -> SplitModel:
@@ -249,6 +285,8 @@ class FedReGClient(ClientProcedure):
     def train(self, global_arrays: dict[str, np.ndarray], server_round: int) -> TrainResult:
         self.load_global(global_arrays)
         self.restore_private()
+        alpha = self.options.dyn_alpha
+        self.regulariser = DynamicRegulariser(self, alpha) if alpha > 0 else None
         steps = self.round_steps()
         epochs = self.config.local_epochs
         processed = 0
@@ -263,6 +301,8 @@ class FedReGClient(ClientProcedure):
                     processed += self.fit(step.trainable, step.loss_fn, step.data, 1,
                                           server_round, stream=step.stream,
                                           generator=shuffles[step.stream])  # fmt: skip
+        if self.regulariser is not None:
+            self.regulariser.save_correction()
         self.save_private()
         if self.private_head and self.options.personal == "kept-global":
             self.setup.state[KEPT_HEAD_G] = to_record(self.model.group_state(HEAD_G))
@@ -272,11 +312,30 @@ class FedReGClient(ClientProcedure):
     def round_steps(self) -> list[Step]:
         """Step (1) unless ablation (d) drops it, then step (2)."""
         model = self.model
-        second = Step(model.parameters_of(BASE, HEAD_G), self.cross_entropy(model),
-                      self.second_step_data(), REBALANCED_STREAM)  # fmt: skip
+        data = self.second_step_data()
+        second = Step(model.parameters_of(BASE, HEAD_G), self.regularised(self.step2_loss(data)),
+                      data, REBALANCED_STREAM)  # fmt: skip
         if not self.options.original_step:
             return [second]
-        return [Step(*self.original_step(), self.data.train, ORIGINAL_STREAM), second]
+        trainable, loss = self.original_step()
+        return [Step(trainable, self.regularised(loss), self.data.train, ORIGINAL_STREAM), second]
+
+    def step2_loss(self, data: TensorData) -> LossFn:
+        """CE of head_g(base(x)), or its balanced softmax with ``data``'s class counts."""
+        model = self.model
+        if self.options.global_loss == "ce":
+            return self.cross_entropy(model)
+        counts = data.class_counts(self.setup.info.num_classes)
+        log_prior = log_class_prior(counts).to(self.device)
+        return lambda x, y: balanced_softmax_loss(model(x), y, log_prior)
+
+    def regularised(self, loss: LossFn) -> LossFn:
+        """``loss`` plus FedDyn's terms on the shared parts (``fedreg-dyn-alpha`` > 0)."""
+        regulariser = self.regulariser
+        if regulariser is None:
+            return loss
+        alpha = regulariser.alpha
+        return lambda x, y: loss(x, y) - regulariser.linear() + alpha / 2 * regulariser.distance()
 
     def original_step(self) -> tuple[list[nn.Parameter], LossFn]:
         """Trainable parameters and loss of step (1)."""

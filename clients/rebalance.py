@@ -27,6 +27,13 @@ The threshold ``t`` (``threshold``), one of two readings:
   every partition's size itself, from the seeded partitioning it partitions its own data
   with (:func:`partition_train_sizes`): no message carries them.
 
+* ``auto`` (our variant, for the paper's §6: "a more rational threshold that reduces
+  local training overhead while maintaining algorithm accuracy"): the largest ``t`` up to
+  the client's ``mean`` at which originals are at least half of the rebalanced set,
+  ``sum_c min(n_c, t) >= C t / 2`` (:func:`auto_threshold`). A client with balanced classes
+  gets the mean; one with a dominant class a smaller ``t``, so fewer samples to train and
+  fewer augmented copies of its rare classes. Step (2) trains ``C t`` samples a round.
+
 ``t`` is rounded half up and at least 1; an explicit integer is also accepted.
 
 Augmentation ``simple`` (thesis Table 5.1's best): random horizontal flip, random crop with
@@ -51,7 +58,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedreg_app.config import threshold_statistic_or_count
+from fedreg_app.config import AUTO_THRESHOLD, threshold_statistic_or_count
 from fedreg_app.data import PartitionKey, TensorData, split_sizes, tensors_digest
 from fedreg_app.persist import load_checked_arrays, load_json, read_cache, save_arrays, save_json
 
@@ -103,6 +110,8 @@ def class_threshold(
     present = counts[counts > 0].numpy()
     if present.size == 0:
         raise ValueError("a client with no training samples has no rebalanced dataset")
+    if spec == AUTO_THRESHOLD:
+        return auto_threshold(present)
     if spec.startswith(GLOBAL):
         if not client_sizes:
             raise ValueError(
@@ -113,6 +122,22 @@ def class_threshold(
     else:
         value = _statistic(spec, present)
     return max(1, int(np.floor(value + 0.5)))  # round half up, at least one sample
+
+
+#: ``auto``: the least share of originals in the rebalanced set.
+AUTO_ORIGINAL_SHARE = 0.5
+
+
+def auto_threshold(present: np.ndarray) -> int:
+    """The largest t <= the rounded mean of the non-zero class counts with
+    sum_c min(n_c, t) >= AUTO_ORIGINAL_SHARE * C * t. The share of originals falls as t
+    grows (it is 1 at t = 1), so the first t that fails ends the search."""
+    counts = present.astype(np.int64)
+    mean = max(1, int(np.floor(counts.mean() + 0.5)))
+    candidates = np.arange(1, mean + 1)
+    originals = np.minimum(counts[None, :], candidates[:, None]).sum(axis=1)
+    enough = originals >= AUTO_ORIGINAL_SHARE * counts.size * candidates
+    return int(candidates[enough].max())
 
 
 def effective_samples(counts: torch.Tensor, threshold: int) -> int:

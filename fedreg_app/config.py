@@ -25,7 +25,14 @@ from typing import Any, ClassVar, TypeVar
 #: FedReG's threshold: a statistic of the client's class counts (thesis), or "global-":
 #: of all clients' train sizes, divided by the client's classes (paper §3.4)
 PER_CLIENT_THRESHOLDS = ("mean", "median", "max", "secmin")
-THRESHOLD_STATISTICS = (*PER_CLIENT_THRESHOLDS, *(f"global-{s}" for s in PER_CLIENT_THRESHOLDS))
+#: Our automatic threshold: the largest t up to the mean whose rebalanced set is at least
+#: half originals (clients/rebalance.py, ``auto_threshold``).
+AUTO_THRESHOLD = "auto"
+THRESHOLD_STATISTICS = (
+    *PER_CLIENT_THRESHOLDS,
+    *(f"global-{s}" for s in PER_CLIENT_THRESHOLDS),
+    AUTO_THRESHOLD,
+)
 AUGMENTATIONS = ("simple", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 GLOBAL_EVALS = ("auto", "clients", "server")
@@ -304,10 +311,14 @@ class RunConfig:
         f"{_one_of(THRESHOLD_STATISTICS)}, or an integer >= 1",
         doc="FedReG's rebalancing target t. `mean`, `median`, `max`, `secmin`: a "
         "statistic of the client's non-zero class counts; `global-…`: t = D / C, D the "
-        "statistic of all clients' train sizes, C the client's number of classes; an "
+        "statistic of all clients' train sizes, C the client's number of classes; "
+        "`auto`: the largest t up to the client's mean whose rebalanced set is at least "
+        "half original samples (less training where a client's classes are skewed); an "
         "integer: that count.",
         source="thesis §3.3.1, §5.4.3 (the mean, recommended); the paper's Table 1 equals "
-        "the thesis's Table 5.1, made per client. `global-…` reads the paper's §3.4",
+        "the thesis's Table 5.1, made per client. `global-…` reads the paper's §3.4. "
+        "`auto` is our variant, for the paper's §6 (a threshold that cuts local training "
+        "while keeping accuracy)",
     )
     augment: str = core_key(
         "simple",

@@ -23,6 +23,32 @@ from fedreg_app.config import RunConfig
 from strategies.base import PersonalizedStrategy, Update
 
 
+def dynamic_step(
+    current: dict[str, np.ndarray],
+    average: dict[str, np.ndarray],
+    updates: list[Update],
+    h: dict[str, np.ndarray],
+    alpha: float,
+    num_partitions: int,
+    drift_from_average: bool,
+) -> dict[str, np.ndarray]:
+    """FedDyn's server step from an average of the clients' weights: h is updated in
+    place, h <- h - alpha/N * sum_k (w_k - w_g), and average - h / alpha returned. The
+    drift is the clients' own, or, with ``drift_from_average`` (central DP, where only
+    the private average may be used), |S| (average - w_g)."""
+    new_global = {}
+    for key in updates[0][0]:
+        w_g = current[key].astype(np.float64)
+        mean = np.asarray(average[key], dtype=np.float64)
+        if drift_from_average:
+            drift = len(updates) * (mean - w_g)
+        else:
+            drift = sum(np.asarray(a[key], dtype=np.float64) - w_g for a, _ in updates)
+        h[key] = h.get(key, np.zeros_like(w_g)) - alpha * drift / num_partitions
+        new_global[key] = (mean - h[key] / alpha).astype(current[key].dtype)
+    return new_global
+
+
 class FedDynStrategy(PersonalizedStrategy):
     #: ``aggregate_updates`` works from the private release under central DP.
     private_aggregation = True
@@ -41,22 +67,14 @@ class FedDynStrategy(PersonalizedStrategy):
         self.h = dict(arrays)
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
-        released = (
-            super().aggregate_updates(server_round, updates)
-            if self.config.dp_mode == "central"
-            else None
-        )
-        new_global = {}
-        for key in updates[0][0]:
-            w_g = self._current[key].astype(np.float64)
-            if released is None:
-                client_weights = [np.asarray(a[key], dtype=np.float64) for a, _ in updates]
-                drift = sum(w_k - w_g for w_k in client_weights)
-                mean = sum(client_weights) / len(client_weights)
-            else:  # the private mean, w_g plus the noisy average update, and its drift
-                mean = np.asarray(released[key], dtype=np.float64)
-                drift = len(updates) * (mean - w_g)
-            h = self.h.get(key, np.zeros_like(w_g)) - self.alpha * drift / self.num_partitions
-            self.h[key] = h
-            new_global[key] = (mean - h / self.alpha).astype(self._current[key].dtype)
-        return new_global
+        if self.config.dp_mode == "central":  # the private mean, w_g plus the noisy update
+            average = super().aggregate_updates(server_round, updates)
+        else:  # FedDyn's own mean, uniform over the sampled clients
+            average = {
+                key: sum(np.asarray(a[key], dtype=np.float64) for a, _ in updates) / len(updates)
+                for key in updates[0][0]
+            }
+        return dynamic_step(
+            self._current, average, updates, self.h, self.alpha, self.num_partitions,
+            drift_from_average=self.config.dp_mode == "central",
+        )  # fmt: skip

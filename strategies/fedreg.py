@@ -3,20 +3,52 @@
 base <- sum_k |D_k| / sum|D| * base_k ;  head_g <- sum_k e_k / sum e * head_g,k
 with e_k the effective (non-augmented) samples of client k's rebalanced dataset.
 Ablation (a), ``fedreg-head-weight = "original"``, weights head_g by |D_k| too.
+
+With ``fedreg-dyn-alpha`` > 0 (our variant, FedReG with FedDyn's regulariser) the server
+keeps FedDyn's h over base and head_g and subtracts h / alpha from that weighted average
+(``strategies/feddyn.py``, :func:`~strategies.feddyn.dynamic_step`).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
 
 from clients.fedreg import FedReGOptions
 from fedreg_app.config import RunConfig
 from fedreg_app.models import BASE, HEAD_G
 from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
-from strategies.base import PersonalizedStrategy
+from strategies.base import PersonalizedStrategy, Update
+from strategies.feddyn import dynamic_step
 
 
 class FedReGStrategy(PersonalizedStrategy):
+    #: ``aggregate_updates`` works from the base strategy's (private) average.
+    private_aggregation = True
+
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         options = config.options_as(FedReGOptions)
         head_weight = EFFECTIVE_EXAMPLES if options.head_weight == "effective" else NUM_EXAMPLES
         self.group_weights = {BASE: NUM_EXAMPLES, HEAD_G: head_weight}
+        self.dyn_alpha = options.dyn_alpha
+        self.h: dict[str, np.ndarray] = {}
+
+    def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, state = super().state_dict()
+        return {**arrays, **self.h}, state
+
+    def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
+        super().load_state_dict(arrays, state)
+        self.h = dict(arrays)
+
+    def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
+        average = super().aggregate_updates(server_round, updates)
+        if self.dyn_alpha == 0:
+            return average
+        private = self.config.dp_mode == "central"
+        return dynamic_step(
+            self._current, average, updates, self.h, self.dyn_alpha, self.num_partitions,
+            drift_from_average=private,
+        )  # fmt: skip

@@ -1,7 +1,9 @@
 """FedReG's options where the sources leave it open: the schedule of
 the E local epochs over the two steps, what step 1 updates, and the threshold's global
 reading (paper §3.4); and the switches of where FedReG differs from its baselines: the
-personal prediction, head_p's gradient into the base, head_p's start, each step's lr."""
+personal prediction, head_p's gradient into the base, head_p's start, each step's lr; and
+the paper's future work (§6): an automatic threshold, FedRoD's balanced softmax and
+FedDyn's regulariser combined with FedReG."""
 
 from __future__ import annotations
 
@@ -18,8 +20,17 @@ import clients.base
 import clients.rebalance as rebalance
 import fedreg_app.training as training
 from clients.base import ClientSetup, optimizer_record
-from clients.fedreg import KEPT_HEAD_G, FedReGClient, FedReGOptions
+from clients.feddyn import CORRECTION
+from clients.fedreg import (
+    KEPT_HEAD_G,
+    ORIGINAL_STREAM,
+    REBALANCED_STREAM,
+    FedReGClient,
+    FedReGOptions,
+    Step,
+)
 from clients.rebalance import (
+    auto_threshold,
     build_rebalanced,
     class_threshold,
     is_global_threshold,
@@ -400,6 +411,15 @@ class BeforeTheSwitches(FedReGClient):
 
         return trainable, self.cross_entropy(logits)
 
+    def round_steps(self):
+        model, steps = self.model, []
+        if self.options.original_step:
+            steps.append(Step(*self.original_step(), self.data.train, ORIGINAL_STREAM))
+        data = self.second_step_data()
+        steps.append(Step(model.parameters_of(BASE, HEAD_G), self.cross_entropy(model), data,
+                          REBALANCED_STREAM))  # fmt: skip
+        return steps
+
     new_model = clients.base.ClientProcedure.new_model
     personal_head = clients.base.ClientProcedure.personal_head
     personal_head_is = clients.base.ClientProcedure.personal_head_is
@@ -408,7 +428,8 @@ class BeforeTheSwitches(FedReGClient):
 
 SWITCH_DEFAULTS = {"fedreg-personal": "sum", "fedreg-private-detach": False,
                    "fedreg-private-init": "copy", "fedreg-step1-lr": 0.0,
-                   "fedreg-step2-lr": 0.0}  # fmt: skip
+                   "fedreg-step2-lr": 0.0, "fedreg-global-loss": "ce",
+                   "fedreg-dyn-alpha": 0.0}  # fmt: skip
 
 
 def three_rounds_and_evaluate(kind: type[FedReGClient], **config) -> tuple[dict, RecordDict, list]:
@@ -445,7 +466,8 @@ def test_the_switches_defaults_and_values_are_checked() -> None:
     assert (options.personal, options.private_detach, options.private_init) == (
         "sum", False, "copy")  # fmt: skip
     assert (options.step1_lr, options.step2_lr) == (0.0, 0.0)
-    for key, value in (("fedreg-personal", "global"), ("fedreg-private-init", "zeros"),
+    for key, value in (("fedreg-global-loss", "focal"), ("fedreg-dyn-alpha", -0.1),
+                       ("fedreg-personal", "global"), ("fedreg-private-init", "zeros"),
                        ("fedreg-step1-lr", -0.01), ("fedreg-step2-lr", "fast"),
                        ("fedreg-private-detach", "yes")):  # fmt: skip
         with pytest.raises(ConfigError, match=key):
@@ -673,7 +695,8 @@ def test_the_switches_run_through_a_federation_and_resume_to_the_same_run(
     config = {**run_config("fedreg", grey_dataset, tmp_path), "eval-every": 1,
               "fedreg-personal": "kept-global", "fedreg-private-detach": True,
               "fedreg-private-init": "random", "fedreg-step1-lr": 0.02,
-              "fedreg-step2-lr": 0.005}  # fmt: skip
+              "fedreg-step2-lr": 0.005, "fedreg-global-loss": "balanced-softmax",
+              "fedreg-dyn-alpha": 0.01, "threshold": "auto"}  # fmt: skip
     run_whole(tmp_path, config)
     kill_and_resume(tmp_path, config, [(MessageType.EVALUATE, ROUNDS, 1)])
     assert_same_run(tmp_path)
@@ -681,3 +704,121 @@ def test_the_switches_run_through_a_federation_and_resume_to_the_same_run(
     assert whole["config"]["fedreg-personal"] == "kept-global"
     states = client_states(tmp_path / "sw")
     assert any(KEPT_HEAD_G in str(name) for name in states)
+
+
+# --- 5. The paper's future work (§6): our variants ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("counts", "t"),
+    [([900, 50, 30, 20], 100), ([250, 250, 250, 250], 250), ([5], 5), ([1, 1, 10], 4),
+     ([60, 0, 2, 2], 8)],
+)  # fmt: skip
+def test_auto_threshold_is_the_largest_t_up_to_the_mean_with_half_originals(counts, t) -> None:
+    # [900, 50, 30, 20]: t = 100 keeps 100 + 50 + 30 + 20 = 200 originals of 400; t = 101
+    # keeps 201 of 404, under half. Balanced classes get their mean.
+    assert class_threshold(torch.tensor(counts), "auto") == t
+
+
+def test_auto_threshold_holds_its_definition_on_random_clients() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        present = rng.integers(1, 500, size=rng.integers(1, 11))
+        t, mean = auto_threshold(present), int(np.floor(present.mean() + 0.5))
+        share = np.minimum(present, t).sum() / (present.size * t)
+        above = np.minimum(present, t + 1).sum() / (present.size * (t + 1))
+        assert 1 <= t <= mean and share >= 0.5
+        assert t == mean or above < 0.5
+
+
+def test_auto_threshold_trains_fewer_rebalanced_samples_on_a_skewed_client() -> None:
+    counts = (60, 2, 0, 2)  # mean 21; auto 8: (8 + 2 + 2) / (3 * 8) = 1/2
+    sizes = {}
+    for threshold in ("mean", "auto"):
+        client = FedReGClient(make_setup(counts=counts, threshold=threshold))
+        sizes[threshold] = (len(client.rebalanced().data), client.effective_samples())
+    assert sizes == {"mean": (3 * 21, 21 + 2 + 2), "auto": (3 * 8, 8 + 2 + 2)}
+
+
+def head_g_bias_gradient(global_loss: str) -> torch.Tensor:
+    """The gradient of step 2's loss on head_g's last bias, over the whole rebalanced set."""
+    client = FedReGClient(make_setup(**{"fedreg-global-loss": global_loss}))
+    client.load_global(global_arrays())
+    data = client.rebalanced().data
+    x, y = data.x.float() / 127.5 - 1, data.y
+    client.model.zero_grad()
+    client.step2_loss(data)(x, y).backward()
+    return client.model.head_g[-1].bias.grad.clone()
+
+
+def test_balanced_softmax_in_step2_leaves_the_absent_class_alone() -> None:
+    """The client lacks class 2: cross-entropy pushes its logit down, FedRoD's balanced
+    softmax with the rebalanced counts (every present class at t) leaves it at zero and
+    is otherwise the cross-entropy of the present classes."""
+    ce, balanced = head_g_bias_gradient("ce"), head_g_bias_gradient("balanced-softmax")
+    assert ce[2] > 1e-3
+    assert balanced[2].abs() < 1e-12
+    assert not torch.allclose(ce[[0, 1, 3]], balanced[[0, 1, 3]])
+
+
+def test_dyn_alpha_keeps_feddyns_correction_and_pulls_toward_the_global_model() -> None:
+    start = global_arrays()
+    moved = {}
+    for alpha in (0.0, 1.0):
+        setup = make_setup(**{"fedreg-dyn-alpha": alpha, "local-epochs": 2})
+        result = FedReGClient(setup).train(start, 1)
+        moved[alpha] = sum(float(((result.arrays[k] - start[k]) ** 2).sum()) for k in start)
+        if alpha == 0:
+            assert CORRECTION not in setup.state
+            continue
+        correction = from_record(setup.state[CORRECTION])
+        assert correction.keys() == result.arrays.keys() == start.keys()
+        for key, value in correction.items():  # g_k = 0 - alpha (w_k - w_g)
+            np.testing.assert_allclose(value, -alpha * (result.arrays[key] - start[key]), atol=1e-6)
+        second = FedReGClient(setup).train(start, 2)  # starts from the stored correction
+        assert not same(second.arrays, result.arrays)
+    assert moved[1.0] < moved[0.0]
+
+
+def test_dyn_alpha_server_subtracts_h_from_fedregs_weighted_average() -> None:
+    from fedreg_app.config import RunConfig
+    from fedreg_app.partition_map import PartitionMap
+    from fedreg_app.protocol import NUM_EXAMPLES
+    from strategies.fedreg import FedReGStrategy
+
+    options = FedReGOptions(dyn_alpha=0.5)
+    strategy = FedReGStrategy(RunConfig(algo="fedreg", options=options))
+    strategy.set_partitions(PartitionMap(4, {p: p for p in range(4)}))
+    strategy._current = {"base.w": np.array([1.0, 2.0], dtype=np.float32),
+                         "head_g.b": np.array([0.0], dtype=np.float32)}  # fmt: skip
+    updates = [
+        ({"base.w": np.array([2.0, 2.0], np.float32), "head_g.b": np.array([1.0], np.float32)},
+         {NUM_EXAMPLES: 1, EFFECTIVE_EXAMPLES: 1}),
+        ({"base.w": np.array([4.0, 0.0], np.float32), "head_g.b": np.array([3.0], np.float32)},
+         {NUM_EXAMPLES: 3, EFFECTIVE_EXAMPLES: 1}),
+    ]  # fmt: skip
+    result = strategy.aggregate_updates(1, updates)
+    # base: average by |D_k| (1, 3) = (3.5, 0.5); drift (1, 0) + (3, -2) = (4, -2);
+    # h = -0.5 (4, -2) / 4 = (-0.5, 0.25); w = (3.5 + 1, 0.5 - 0.5)
+    np.testing.assert_allclose(strategy.h["base.w"], [-0.5, 0.25])
+    np.testing.assert_allclose(result["base.w"], [4.5, 0.0])
+    # head_g: average by e_k (1, 1) = 2; drift 1 + 3 = 4; h = -0.5; w = 2 + 1
+    np.testing.assert_allclose(result["head_g.b"], [3.0])
+    arrays, state = strategy.state_dict()
+    assert set(arrays) == {"base.w", "head_g.b"}
+    restored = FedReGStrategy(RunConfig(algo="fedreg", options=options))
+    restored.load_state_dict(arrays, state)
+    assert same(restored.h, strategy.h)
+
+
+def test_without_dyn_alpha_the_server_is_fedregs_weighted_average() -> None:
+    from fedreg_app.config import RunConfig
+    from strategies.base import weighted_average_by_group
+    from strategies.fedreg import FedReGStrategy
+
+    strategy = FedReGStrategy(RunConfig(algo="fedreg"))
+    updates = [(global_arrays(seed), {"num-examples": 1 + seed, EFFECTIVE_EXAMPLES: 2 - seed})
+               for seed in (0, 1)]  # fmt: skip
+    ours = strategy.aggregate_updates(1, updates)
+    assert same(ours, weighted_average_by_group(updates, strategy.group_weights))
+    assert strategy.h == {} and strategy.state_dict()[0] == {}
