@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from fedreg_app.cell_tables import cells_table
 from fedreg_app.checkpoint import RESUMABLE_CHANGES, Seal, read_seal
 from fedreg_app.config import (
     EARLIER_MEANING,
@@ -1237,7 +1238,8 @@ def write_report(
         raise ConfigError(f"--versus={versus!r} is not a cell of these runs: expected one of "
                           f"{', '.join(cells)}")  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / "table.md", out / "costs.md", out / "runs.md", out / "rounds.md"]
+    written = [out / "table.md", out / "costs.md", out / "runs.md", out / "rounds.md",
+               out / "cells.md"]  # fmt: skip
     table = paper_table(results, personal)
     progress = collection.unfinished_note()
     if only:  # the published cells left out are not "not run yet"
@@ -1249,6 +1251,7 @@ def write_report(
     written[1].write_text(cost_table(results) + "\n")
     written[2].write_text(provenance_table(results) + "\n")
     written[3].write_text(rounds_report(results, versus or DEFAULT_VERSUS, personal))
+    written[4].write_text(cells_table(results, versus or DEFAULT_VERSUS, personal))
     published = {paper.experiment: paper for paper in papers}
     for experiment, runs in by_key(results, lambda r: r.experiment).items():
         title = f"{experiment}: {describe_setting(runs[0].document)}"
@@ -1461,8 +1464,8 @@ def cell_names(text: str) -> list[str]:
 PATHS_HELP = """\
 PATH is one of:
   a results root (fedreg-experiment --out): the newest finished run of each seed;
-      writes table.md (mean ± std over seeds), costs.md, runs.md, rounds.md and
-      <experiment>_accuracy.png, by default in ROOT/report
+      writes table.md (mean ± std over seeds), costs.md, runs.md, rounds.md, cells.md
+      and <experiment>_accuracy.png, by default in ROOT/report
   a run folder (results/<time>_<algo>_..._run<id>/, as `flwr run` writes it) or its
       results.json, whatever the run's status (running, failed, ...): writes table.md
       (best, final and last-10 mean of G and P), costs.md, runs.md and accuracy.png,
@@ -1504,7 +1507,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--versus", metavar="CELL",
         help="the cell rounds.md compares every other cell with, round by round on the same "
-        f"seed (default: {DEFAULT_VERSUS}, where it ran), e.g. fedrod",
+        f"seed, and cells.md's Δ columns (default: {DEFAULT_VERSUS}, where it ran), e.g. fedrod",
     )  # fmt: skip
     parser.add_argument(
         "--cells", metavar="CELL,CELL", type=cell_names, default=[],
