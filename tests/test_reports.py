@@ -183,9 +183,9 @@ def test_report_writes_table_curves_and_figure_7(tmp_path: Path) -> None:
             fake_run(tmp_path / "runs", f"c{clients}", cell, 0, clients=clients)
     written = write_report(tmp_path / "runs", tmp_path / "report")
     names = sorted(p.name for p in written)
-    assert names == ["c30_accuracy.png", "c50_accuracy.png", "costs.md",
+    assert names == ["c30_accuracy.png", "c50_accuracy.png", "cells.md", "costs.md",
                      "log_ratio_vs_clients.png", "rounds.md", "runs.md", "table.md"]  # fmt: skip
-    for path in written[4:]:
+    for path in written[5:]:
         with Image.open(path) as image:
             assert image.format == "PNG" and image.width > 400 and image.height > 300
 
@@ -243,6 +243,7 @@ def test_single_client_count_draws_no_figure_7(tmp_path: Path) -> None:
         "costs.md",
         "runs.md",
         "rounds.md",
+        "cells.md",
         "smoke_accuracy.png",
     ]
 
