@@ -868,18 +868,24 @@ def paper_comparison(results: Sequence[RunResult], paper: PaperCells,
 def cost_table(
     results: Sequence[RunResult], names: tuple[str, str] = ("experiment", "cell")
 ) -> str:
-    """Per cell (mean over seeds): traffic both ways, parameters trained and seconds per
-    round; what the FedSeq paper compares and what an edge deployment pays. A cell with
+    """Per cell (mean over seeds): traffic both ways, parameters trained, samples passed
+    through training (every epoch, every step) and seconds per round; what the FedSeq
+    paper compares and what an edge deployment pays. A cell with
     degraded runs is marked: missing replies carry no traffic, so its costs are lower.
     ``names`` head the first two columns (runs reported on their own: folder and run)."""
     header = [*names, "MB to clients", "MB from clients", "training MB to / from",
-              "trained params (M)", "s/round (median)", "seeds"]  # fmt: skip
+              "trained params (M)", "samples trained (k)", "s/round (median)",
+              "seeds"]  # fmt: skip
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (experiment, cell), runs in by_key(results, lambda r: (r.experiment, r.cell)).items():
 
         def mean(key: str, scale: float, runs: list[RunResult] = runs) -> str:
             return f"{statistics.fmean(r.document.get(key, 0) for r in runs) / scale:.1f}"
 
+        samples = statistics.fmean(
+            sum(record.get("num_train_examples") or 0 for record in r.document.get("rounds", []))
+            for r in runs
+        )
         per_run = [statistics.median(s) for r in runs if (s := round_seconds(r.document))]
         seconds = f"{statistics.fmean(per_run):.1f}" if per_run else "–"
         name = marked(
@@ -892,7 +898,8 @@ def cost_table(
             f"{mean('total_bytes_to_clients', 1e6)} | {mean('total_bytes_from_clients', 1e6)} | "
             f"{mean('total_train_bytes_to_clients', 1e6)} / "
             f"{mean('total_train_bytes_from_clients', 1e6)} | "
-            f"{mean('total_trained_parameters', 1e6)} | {seconds} | {len(runs)} |"
+            f"{mean('total_trained_parameters', 1e6)} | {samples / 1e3:.1f} | {seconds} | "
+            f"{len(runs)} |"
         )
     return footnotes("\n".join(lines))
 

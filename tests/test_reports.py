@@ -193,8 +193,16 @@ def test_report_writes_table_curves_and_figure_7(tmp_path: Path) -> None:
 def test_cost_table_averages_traffic_over_seeds(tmp_path: Path) -> None:
     fake_run(tmp_path, "smoke", "fedseq-vanilla", 0)
     fake_run(tmp_path, "smoke", "fedseq-vanilla", 1)
+    for seed, processed in ((0, 1000), (1, 2000)):  # samples trained a round: 3 rounds
+        path = next((tmp_path / "smoke" / "fedseq-vanilla" / f"seed{seed}").glob("*/results.json"))
+        document = json.loads(path.read_text())
+        for record in document["rounds"]:
+            record["num_train_examples"] = processed
+        path.write_text(json.dumps(document))
     table = cost_table(collect(tmp_path)).splitlines()
-    assert table[2] == "| smoke | fedseq-vanilla | 4.0 | 1.0 | 2.0 / 1.0 | 0.0 | 3.0 | 2 |"
+    assert "| trained params (M) | samples trained (k) | s/round (median) |" in table[0]
+    # samples: 3 x 1000 and 3 x 2000 over the two seeds, 4.5 k on average
+    assert table[2] == "| smoke | fedseq-vanilla | 4.0 | 1.0 | 2.0 / 1.0 | 0.0 | 4.5 | 3.0 | 2 |"
 
 
 def test_provenance_names_every_attempt_machine_and_best_round(tmp_path: Path) -> None:
@@ -1238,7 +1246,7 @@ def test_a_run_folder_is_reported_on_its_own(tmp_path: Path, capsys) -> None:
     assert f"- fedreg seed0: {folder / 'results.json'}; completed" in table
     costs = (out / "costs.md").read_text().splitlines()
     assert costs[0].startswith("| run folder | run | MB to clients |")
-    assert costs[2] == f"| {name} | fedreg seed0 | 4.0 | 1.0 | 2.0 / 1.0 | 0.0 | 3.0 | 1 |"
+    assert costs[2] == f"| {name} | fedreg seed0 | 4.0 | 1.0 | 2.0 / 1.0 | 0.0 | 0.0 | 3.0 | 1 |"
     assert (
         (out / "runs.md")
         .read_text()
