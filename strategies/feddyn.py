@@ -49,13 +49,12 @@ def dynamic_step(
     return new_global
 
 
-class FedDynStrategy(PersonalizedStrategy):
-    #: ``aggregate_updates`` works from the private release under central DP.
-    private_aggregation = True
+class DynamicState(PersonalizedStrategy):
+    """A server that keeps FedDyn's h (one array per aggregated parameter, filled by
+    :func:`dynamic_step`) in its checkpoint, so that a resume continues it."""
 
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
-        self.alpha = config.options_as(FedDynOptions).alpha
         self.h: dict[str, np.ndarray] = {}
 
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -65,6 +64,15 @@ class FedDynStrategy(PersonalizedStrategy):
     def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
         super().load_state_dict(arrays, state)
         self.h = dict(arrays)
+
+
+class FedDynStrategy(DynamicState):
+    #: ``aggregate_updates`` works from the private release under central DP.
+    private_aggregation = True
+
+    def __init__(self, config: RunConfig) -> None:
+        super().__init__(config)
+        self.alpha = config.options_as(FedDynOptions).alpha
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
         if self.config.dp_mode == "central":  # the private mean, w_g plus the noisy update

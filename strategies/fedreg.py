@@ -11,19 +11,17 @@ keeps FedDyn's h over base and head_g and subtracts h / alpha from that weighted
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from clients.fedreg import FedReGOptions
 from fedreg_app.config import RunConfig
 from fedreg_app.models import BASE, HEAD_G
 from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
-from strategies.base import PersonalizedStrategy, Update
-from strategies.feddyn import dynamic_step
+from strategies.base import Update
+from strategies.feddyn import DynamicState, dynamic_step
 
 
-class FedReGStrategy(PersonalizedStrategy):
+class FedReGStrategy(DynamicState):
     #: ``aggregate_updates`` works from the base strategy's (private) average.
     private_aggregation = True
 
@@ -33,15 +31,6 @@ class FedReGStrategy(PersonalizedStrategy):
         head_weight = EFFECTIVE_EXAMPLES if options.head_weight == "effective" else NUM_EXAMPLES
         self.group_weights = {BASE: NUM_EXAMPLES, HEAD_G: head_weight}
         self.dyn_alpha = options.dyn_alpha
-        self.h: dict[str, np.ndarray] = {}
-
-    def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, state = super().state_dict()
-        return {**arrays, **self.h}, state
-
-    def load_state_dict(self, arrays: dict[str, np.ndarray], state: dict[str, Any]) -> None:
-        super().load_state_dict(arrays, state)
-        self.h = dict(arrays)
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
         average = super().aggregate_updates(server_round, updates)
