@@ -32,9 +32,9 @@ from clients.ditto import DittoClient
 from clients.fedavg import FedAvgClient
 from clients.feddyn import FedDynClient
 from clients.fedreg import FedReGClient
-from fedreg_app.client_state import VersionedState
-from fedreg_app.data import ClientData, DatasetInfo, TensorData
-from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.core.client_state import VersionedState
+from fedreg_app.core.data import ClientData, DatasetInfo, TensorData
+from fedreg_app.core.models import BASE, HEAD_G, build_model
 from fedreg_app.registry import load_config
 
 SHAPES = {"fmnist": (1, 28), "cifar10": (3, 32)}

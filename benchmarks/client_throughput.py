@@ -4,7 +4,7 @@ size. Both run in this process, alternating, so the ratio is measured in one run
 same (possibly busy) machine.
 
 The client side is the real procedure (``procedure.train``: load the global arrays, train
-through ``fedreg_app.training``, export the reply's arrays). The bare loop is what one
+through ``fedreg_app.core.training``, export the reply's arrays). The bare loop is what one
 would write by hand for the same computation: pre-normalised float tensors, ``randperm``
 batches, SGD, cross entropy; for FedReG its own two steps (step 1 on the original data
 through both heads, base and private head moving; step 2 on the rebalanced data through
@@ -28,8 +28,8 @@ from flwr.app import RecordDict
 from torch.nn import functional as F  # noqa: N812
 
 from clients.base import ClientSetup
-from fedreg_app.config import RunConfig
-from fedreg_app.data import (
+from fedreg_app.core.config import RunConfig
+from fedreg_app.core.data import (
     ClientData,
     DatasetInfo,
     PartitionKey,
@@ -38,10 +38,10 @@ from fedreg_app.data import (
     load_info,
     normalise,
 )
-from fedreg_app.models import BASE, HEAD_G, HEAD_P, SplitModel, build_model
-from fedreg_app.protocol import NUM_PROCESSED
+from fedreg_app.core.models import BASE, HEAD_G, HEAD_P, SplitModel, build_model
+from fedreg_app.core.protocol import NUM_PROCESSED
+from fedreg_app.core.training import Forward
 from fedreg_app.registry import algorithm_names, get_algorithm, load_config
-from fedreg_app.training import Forward
 
 
 def client_data(args: argparse.Namespace, config: RunConfig) -> tuple[DatasetInfo, ClientData]:

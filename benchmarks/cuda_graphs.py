@@ -26,9 +26,9 @@ import time
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from fedreg_app.data import DatasetInfo, TensorData
-from fedreg_app.models import build_model
-from fedreg_app.training import MomentumSGD, train_epochs, use_deterministic_cuda
+from fedreg_app.core.data import DatasetInfo, TensorData
+from fedreg_app.core.models import build_model
+from fedreg_app.core.training import MomentumSGD, train_epochs, use_deterministic_cuda
 
 
 def train_once(

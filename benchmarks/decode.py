@@ -4,7 +4,7 @@ so that a drifting machine shows.
 
 *Before*: the image column fetched lazily and iterated row by row, and every image
 converted to the wanted mode, even one already in it; the labels read through numpy
-from the lazy column, row by row. *Now*: ``fedreg_app.data``'s ``_to_tensors`` (each
+from the lazy column, row by row. *Now*: ``fedreg_app.core.data``'s ``_to_tensors`` (each
 column read in one slice, the labels too, no conversion where the mode is already
 right). Both decode every partition's train split of one partitioning; the
 pixels and labels must be identical. Every client decodes its partition this way once,
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fedreg_app.data import PartitionKey, TensorData, _to_tensors, client_splits, load_info
+from fedreg_app.core.data import PartitionKey, TensorData, _to_tensors, client_splits, load_info
 from fedreg_app.registry import load_config
 
 

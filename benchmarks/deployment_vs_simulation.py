@@ -1,5 +1,5 @@
 """The same small run in Flower's simulation and as a real deployment on loopback
-(SuperLink + one SuperNode per client, ``fedreg_app.deployment.LocalDeployment``):
+(SuperLink + one SuperNode per client, ``fedreg_tools.deployment.LocalDeployment``):
 seconds per round, and where a deployed round's time goes.
 
 Per round, from ``results.json``: wall time, the clients' own compute (summed), their
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.deployment import LocalDeployment
-from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text
+from fedreg_tools.deployment import LocalDeployment
+from fedreg_tools.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text
 
 
 def per_round(results: dict[str, Any]) -> dict[str, float]:

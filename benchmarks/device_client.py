@@ -39,9 +39,9 @@ def worker(args: argparse.Namespace) -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     from fedreg_app import client_app
-    from fedreg_app.persist import load_arrays
-    from fedreg_app.protocol import ARRAYS, CONFIG, SERVER_ROUND, STATE_KEY
-    from fedreg_app.records import to_record
+    from fedreg_app.core.persist import load_arrays
+    from fedreg_app.core.protocol import ARRAYS, CONFIG, SERVER_ROUND, STATE_KEY
+    from fedreg_app.core.records import to_record
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     arrays: ArrayRecord = to_record(load_arrays(Path(args.arrays)))
@@ -100,9 +100,9 @@ def main() -> None:
         worker(args)
         return
 
-    from fedreg_app.data import PartitionKey, load_info
-    from fedreg_app.models import BASE, HEAD_G, build_model
-    from fedreg_app.persist import save_arrays
+    from fedreg_app.core.data import PartitionKey, load_info
+    from fedreg_app.core.models import BASE, HEAD_G, build_model
+    from fedreg_app.core.persist import save_arrays
     from fedreg_app.registry import load_config
 
     run_config = {"algo": args.algo, "model": args.model, "head-depth": args.head_depth,

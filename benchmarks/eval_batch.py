@@ -1,6 +1,6 @@
 """Forward-pass speed of evaluation at several batch sizes, for every model, on the CPU,
 and how far the logits (and predictions) move from batch 512's. Why the CPU default is
-128 samples per thread rather than 512 (``fedreg_app.training.eval_batch_size``).
+128 samples per thread rather than 512 (``fedreg_app.core.training.eval_batch_size``).
 
 The sizes are timed in turns (all sizes once, then again, ``--repeats`` times), so a
 machine that drifts slows every size alike; the figure is each size's median time
@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from fedreg_app.data import TEXT, DatasetInfo
-from fedreg_app.models import build_model, with_torch_max_pool
-from fedreg_app.training import CPU_EVAL_BATCH_PER_THREAD
+from fedreg_app.core.data import TEXT, DatasetInfo
+from fedreg_app.core.models import build_model, with_torch_max_pool
+from fedreg_app.core.training import CPU_EVAL_BATCH_PER_THREAD
 
 CASES = [  # (model, input shape and classes, samples)
     ("cnn", DatasetInfo(10, 1, 28, 28), 2048),

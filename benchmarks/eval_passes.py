@@ -23,7 +23,7 @@ from flwr.app import RecordDict
 
 from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.client_app import global_model_parts
-from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.core.models import BASE, HEAD_G, build_model
 from fedreg_app.registry import get_algorithm, load_config
 
 WAYS = ("head once", "head twice")

@@ -29,8 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink
-from fedreg_app.training import EVAL_BATCH_ENV
+from fedreg_app.core.training import EVAL_BATCH_ENV
+from fedreg_tools.launcher import HF_OFFLINE_ENV, LocalSuperLink
 
 #: For each comparison: (before, now) and how each runs (global-eval, environment).
 WAYS = {

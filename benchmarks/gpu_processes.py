@@ -29,9 +29,9 @@ from collections.abc import Callable
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from fedreg_app.data import DatasetInfo, normalise
-from fedreg_app.models import build_model
-from fedreg_app.training import MomentumSGD, use_deterministic_cuda
+from fedreg_app.core.data import DatasetInfo, normalise
+from fedreg_app.core.models import build_model
+from fedreg_app.core.training import MomentumSGD, use_deterministic_cuda
 
 
 def eager_step(model: torch.nn.Module, optimizer: MomentumSGD) -> Callable:

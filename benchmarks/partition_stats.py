@@ -14,7 +14,7 @@ import argparse
 
 import numpy as np
 
-from fedreg_app.data import PartitionKey, client_splits
+from fedreg_app.core.data import PartitionKey, client_splits
 from fedreg_app.registry import load_config
 
 

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text, descendants
+from fedreg_tools.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text, descendants
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

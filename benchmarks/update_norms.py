@@ -19,12 +19,12 @@ from pathlib import Path
 from flwr.app import RecordDict
 
 from clients.base import ClientSetup
-from fedreg_app.data import PartitionKey, load_client_data, load_info
-from fedreg_app.models import initial_model
-from fedreg_app.overrides import parse_overrides
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.privacy import difference, update_norm
+from fedreg_app.core.data import PartitionKey, load_client_data, load_info
+from fedreg_app.core.models import initial_model
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.privacy import difference, update_norm
 from fedreg_app.registry import get_algorithm, load_config
+from fedreg_tools.overrides import parse_overrides
 
 
 def main() -> None:

@@ -59,10 +59,10 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Our partition, initial weights and sampling schedule, written for the peers."""
     import numpy as np
 
-    from fedreg_app.data import PartitionKey, load_client_data, load_info, normalise
-    from fedreg_app.models import build_model
+    from fedreg_app.core.data import PartitionKey, load_client_data, load_info, normalise
+    from fedreg_app.core.models import build_model
+    from fedreg_app.core.seeds import rng
     from fedreg_app.registry import load_config
-    from fedreg_app.seeds import rng
     from strategies.base import sample_size
 
     config = load_config(our_config(args, folder / "unused"))
@@ -144,7 +144,7 @@ def our_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
 def run_ours(link: Any, args: argparse.Namespace, spec: dict[str, Any], index: int) -> dict:
     results_dir = Path(spec["folder"]) / f"ours-{index}"
     config = our_config(args, results_dir)
-    from fedreg_app.launcher import config_text
+    from fedreg_tools.launcher import config_text
 
     log = link.run(
         config_text(config), supernodes=args.clients, cpus_per_client=1, timeout=WORKER_TIMEOUT
@@ -366,7 +366,7 @@ def pfl_worker(spec: dict[str, Any]) -> dict[str, Any]:
     train_params = NNTrainHyperParams(
         local_num_epochs=1, local_learning_rate=spec["lr"], local_batch_size=spec["batch_size"]
     )
-    # ours evaluates in batches of CPU_EVAL_BATCH_PER_THREAD (fedreg_app.training) = 128
+    # ours evaluates in batches of CPU_EVAL_BATCH_PER_THREAD (fedreg_app.core.training) = 128
     # per thread; this process may run in pfl's own environment, without the app
     eval_batch = 128 * torch.get_num_threads()
     eval_params = NNEvalHyperParams(local_batch_size=eval_batch)
@@ -479,7 +479,7 @@ def compare(args: argparse.Namespace) -> None:
 
     import torch
 
-    from fedreg_app.launcher import HF_OFFLINE_ENV, LocalSuperLink
+    from fedreg_tools.launcher import HF_OFFLINE_ENV, LocalSuperLink
 
     peers = []
     skipped: dict[str, str] = {}

@@ -17,10 +17,10 @@ from flwr.app import RecordDict
 from torch import nn
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
-from fedreg_app.config import AlgorithmOptions, RunConfig, at_least, option
-from fedreg_app.data import ClientData, DatasetInfo, PartitionKey, TensorData
-from fedreg_app.models import BASE, HEAD_G, SplitModel, checked_value, initial_model
-from fedreg_app.protocol import (
+from fedreg_app.core.config import AlgorithmOptions, RunConfig, at_least, option
+from fedreg_app.core.data import ClientData, DatasetInfo, PartitionKey, TensorData
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, checked_value, initial_model
+from fedreg_app.core.protocol import (
     GLOBAL_CORRECT,
     NUM_EXAMPLES,
     NUM_PROCESSED,
@@ -28,9 +28,9 @@ from fedreg_app.protocol import (
     NUM_TRAINED_PARAMS,
     PERSONAL_CORRECT,
 )
-from fedreg_app.records import from_record, to_record
-from fedreg_app.seeds import torch_generator
-from fedreg_app.training import (
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.seeds import torch_generator
+from fedreg_app.core.training import (
     Forward,
     LossFn,
     MomentumSGD,

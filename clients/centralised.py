@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from clients.base import ClientProcedure, TrainResult
-from fedreg_app.config import RunConfig
+from fedreg_app.core.config import RunConfig
 
 
 class CentralisedClient(ClientProcedure):

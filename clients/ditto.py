@@ -25,11 +25,11 @@ from torch import nn
 
 from clients.base import PersonalEpochs, TrainResult, snapshot, squared_distance
 from clients.fedavg import FedAvgClient
-from fedreg_app.config import at_least, option
-from fedreg_app.models import BASE, HEAD_G, SplitModel
-from fedreg_app.protocol import NUM_PROCESSED
-from fedreg_app.records import from_record, to_record
-from fedreg_app.training import Forward
+from fedreg_app.core.config import at_least, option
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel
+from fedreg_app.core.protocol import NUM_PROCESSED
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.training import Forward
 
 PERSONAL_MODEL = "ditto-personal"
 #: ``ditto-personal-init``: what v_k is before the client's first personal training.

@@ -12,8 +12,8 @@ import numpy as np
 from torch import nn
 
 from clients.base import ClientProcedure, TrainResult
-from fedreg_app.models import BASE, HEAD_G
-from fedreg_app.training import LossFn
+from fedreg_app.core.models import BASE, HEAD_G
+from fedreg_app.core.training import LossFn
 
 
 class FedAvgClient(ClientProcedure):

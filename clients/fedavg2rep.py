@@ -26,9 +26,9 @@ import numpy as np
 from clients.base import TrainResult
 from clients.fedavg import FedAvgClient
 from clients.fedrep import FedRepOptions
-from fedreg_app.config import at_least, option
-from fedreg_app.models import BASE, HEAD_G
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.config import at_least, option
+from fedreg_app.core.models import BASE, HEAD_G
+from fedreg_app.core.records import from_record, to_record
 
 #: The head of the client's last FedRep round: its personal model's head.
 PERSONAL_HEAD = "fedavg2rep-head"

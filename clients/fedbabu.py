@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from clients.base import ClientProcedure, TrainResult
-from fedreg_app.config import AlgorithmOptions, at_least, option
-from fedreg_app.models import BASE
+from fedreg_app.core.config import AlgorithmOptions, at_least, option
+from fedreg_app.core.models import BASE
 
 #: ``finetune-when``: fine-tune at the final round's evaluation only, or at every one.
 FINETUNE_WHEN = ("final", "every-eval")

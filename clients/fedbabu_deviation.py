@@ -15,8 +15,8 @@ import numpy as np
 
 from clients.base import TrainResult
 from clients.fedbabu import FedBABUClient
-from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
-from fedreg_app.models import BASE, HEAD_G, group_of
+from fedreg_app.core.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
+from fedreg_app.core.models import BASE, HEAD_G, group_of
 
 FINETUNE_PHASE = "deviation-finetune"
 

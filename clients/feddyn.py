@@ -14,10 +14,10 @@ from torch import nn
 
 from clients.base import ClientProcedure, snapshot, squared_distance
 from clients.fedavg import FedAvgClient
-from fedreg_app.config import AlgorithmOptions, option
-from fedreg_app.models import BASE, HEAD_G, check_keys, checked_value
-from fedreg_app.records import from_record, to_record
-from fedreg_app.training import LossFn
+from fedreg_app.core.config import AlgorithmOptions, option
+from fedreg_app.core.models import BASE, HEAD_G, check_keys, checked_value
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.training import LossFn
 
 CORRECTION = "feddyn-correction"
 

@@ -9,8 +9,8 @@ from torch import nn
 
 from clients.base import snapshot, squared_distance
 from clients.fedavg import FedAvgClient
-from fedreg_app.config import AlgorithmOptions, at_least, option
-from fedreg_app.training import LossFn
+from fedreg_app.core.config import AlgorithmOptions, at_least, option
+from fedreg_app.core.training import LossFn
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,9 @@ from clients.rebalance import (
     is_global_threshold,
     partition_train_sizes,
 )
-from fedreg_app.config import AlgorithmOptions, at_least, option
-from fedreg_app.data import TensorData
-from fedreg_app.models import (
+from fedreg_app.core.config import AlgorithmOptions, at_least, option
+from fedreg_app.core.data import TensorData
+from fedreg_app.core.models import (
     BASE,
     HEAD_G,
     HEAD_P,
@@ -116,10 +116,10 @@ from fedreg_app.models import (
     checked_value,
     initial_model,
 )
-from fedreg_app.protocol import EFFECTIVE_EXAMPLES
-from fedreg_app.records import from_record, to_record
-from fedreg_app.seeds import seed_int, torch_generator
-from fedreg_app.training import Forward, LossFn
+from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.seeds import seed_int, torch_generator
+from fedreg_app.core.training import Forward, LossFn
 
 HEAD_WEIGHTS = ("effective", "original")
 SCHEDULES = ("interleaved", "sequential")

@@ -13,8 +13,8 @@ import numpy as np
 
 from clients.base import PersonalEpochs, TrainResult
 from clients.fedper import FedPerClient
-from fedreg_app.config import at_least, option
-from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.core.config import at_least, option
+from fedreg_app.core.models import BASE, HEAD_G
 
 
 @dataclass(frozen=True)

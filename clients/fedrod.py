@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F  # noqa: N812
 
 from clients.base import ClientProcedure, TrainResult
-from fedreg_app.models import BASE, HEAD_G, HEAD_P
+from fedreg_app.core.models import BASE, HEAD_G, HEAD_P
 
 ABSENT_CLASS_LOG_PRIOR = -1e4
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from clients.base import ClientProcedure, TrainResult
-from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
-from fedreg_app.models import BASE, HEAD_G, SplitModel, check_keys
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, check_keys
+from fedreg_app.core.records import from_record, to_record
 
 UNFREEZE_ROUNDS = "fedseq-unfreeze-rounds"
 FINETUNE_ROUNDS = "fedseq-finetune-rounds"

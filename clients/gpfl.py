@@ -45,9 +45,9 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from clients.base import ClientProcedure, ClientSetup, TrainResult
-from fedreg_app.config import AlgorithmOptions, at_least, option
-from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel
-from fedreg_app.seeds import seed_int
+from fedreg_app.core.config import AlgorithmOptions, at_least, option
+from fedreg_app.core.models import BASE, EXTRA, HEAD_G, SplitModel
+from fedreg_app.core.seeds import seed_int
 
 GCE = "gce"  # keys extra.gce.*
 COV = "cov"  # keys extra.cov.*

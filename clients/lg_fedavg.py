@@ -10,7 +10,7 @@ model, as for FedPer (FedReG paper, Section 4.1); it is never sent back.
 from __future__ import annotations
 
 from clients.fedavg import FedAvgClient
-from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.core.models import BASE, HEAD_G
 
 
 class LGFedAvgClient(FedAvgClient):

@@ -14,7 +14,7 @@ import numpy as np
 
 from clients.base import TrainResult
 from clients.fedavg import FedAvgClient
-from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.core.models import BASE, HEAD_G
 
 
 class LocalClient(FedAvgClient):

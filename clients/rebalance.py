@@ -58,9 +58,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from fedreg_app.config import AUTO_THRESHOLD, threshold_statistic_or_count
-from fedreg_app.data import PartitionKey, TensorData, split_sizes, tensors_digest
-from fedreg_app.persist import load_checked_arrays, load_json, read_cache, save_arrays, save_json
+from fedreg_app.core.config import AUTO_THRESHOLD, threshold_statistic_or_count
+from fedreg_app.core.data import PartitionKey, TensorData, split_sizes, tensors_digest
+from fedreg_app.core.persist import (
+    load_checked_arrays,
+    load_json,
+    read_cache,
+    save_arrays,
+    save_json,
+)
 
 if TYPE_CHECKING:
     from torchvision.transforms import v2
@@ -315,7 +321,7 @@ def _partition_train_sizes(key: PartitionKey) -> tuple[int, ...]:
 
 def partition_train_sizes(key: PartitionKey, cache: Path | None = None) -> tuple[int, ...]:
     """The train-split size |D_k| of every partition of ``key``, in partition order, as
-    every client's data is split (``fedreg_app.data.client_splits``: n - ceil(0.25 n) of
+    every client's data is split (``fedreg_app.core.data.client_splits``: n - ceil(0.25 n) of
     its n samples). Computed from the seeded partitioning that every node repeats to find
     its own data, so a client knows them without asking anyone: partitioning labels
     only, no image is decoded (~0.6 s for 100 Fashion-MNIST clients once the dataset is

@@ -29,25 +29,25 @@ from flwr.clientapp import ClientApp
 from flwr.common import log
 
 from clients.base import ClientProcedure, ClientSetup
-from fedreg_app.client_state import MISSING_VERSION, VersionedState
-from fedreg_app.config import (
+from fedreg_app.core.client_state import MISSING_VERSION, VersionedState
+from fedreg_app.core.config import (
     ConfigError,
     RunConfig,
     check_dataset_path,
     is_count,
     refuse_relative_paths,
 )
-from fedreg_app.data import (
+from fedreg_app.core.data import (
     DatasetInfo,
     PartitionKey,
     data_cache_folder,
     node_data,
     tensors_digest,
 )
-from fedreg_app.models import SplitModel, checked_value, initial_model
-from fedreg_app.persist import file_sha256_cached
-from fedreg_app.privacy import privatise_locally
-from fedreg_app.protocol import (
+from fedreg_app.core.models import SplitModel, checked_value, initial_model
+from fedreg_app.core.persist import file_sha256_cached
+from fedreg_app.core.privacy import privatise_locally
+from fedreg_app.core.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
@@ -77,9 +77,9 @@ from fedreg_app.protocol import (
     WEIGHTS_QUERY,
     is_valid_state_key,
 )
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.training import select_device
 from fedreg_app.registry import get_algorithm, load_config
-from fedreg_app.training import select_device
 from strategies.base import ModelParts, PersonalizedStrategy
 
 DATASET_PATH = "dataset-path"

@@ -27,7 +27,7 @@ from clients.fedseq import FedSeqAntiClient, FedSeqClient, FedSeqOptions
 from clients.gpfl import GPFLClient, GPFLOptions
 from clients.lg_fedavg import LGFedAvgClient
 from clients.local import LocalClient
-from fedreg_app.config import AlgorithmOptions, ConfigError, RunConfig
+from fedreg_app.core.config import AlgorithmOptions, ConfigError, RunConfig
 from strategies.base import PersonalizedStrategy
 from strategies.centralised import CentralisedStrategy
 from strategies.ditto import DittoStrategy
@@ -61,7 +61,7 @@ class Algorithm:
     @property
     def resume_fixed(self) -> tuple[str, ...]:
         """Run-config keys a resume of this algorithm must keep, though others may change
-        them (see :data:`~fedreg_app.checkpoint.RESUMABLE_CHANGES`)."""
+        them (see :data:`~fedreg_app.core.checkpoint.RESUMABLE_CHANGES`)."""
         return ("num-server-rounds",) if self.client.schedule_over_rounds else ()
 
 

@@ -29,9 +29,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedreg_app.checkpoint import Checkpoint, clients_record, committed_round
-from fedreg_app.config import ConfigError, RunConfig, is_count, refuse_relative_paths
-from fedreg_app.data import (
+from fedreg_app.core.checkpoint import Checkpoint, clients_record, committed_round
+from fedreg_app.core.config import ConfigError, RunConfig, is_count, refuse_relative_paths
+from fedreg_app.core.data import (
     PartitionKey,
     TensorData,
     data_digest,
@@ -40,8 +40,8 @@ from fedreg_app.data import (
     load_info,
     split_sizes,
 )
-from fedreg_app.environment import describe_environment
-from fedreg_app.metrics import (
+from fedreg_app.core.environment import describe_environment
+from fedreg_app.core.metrics import (
     ENDED_AFTER_ROUND,
     INIT_MODEL_SHA256,
     ResultsWriter,
@@ -49,17 +49,17 @@ from fedreg_app.metrics import (
     client_error,
     mark_stopped,
 )
-from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import (
+from fedreg_app.core.models import BASE, EXTRA, HEAD_G, SplitModel, initial_model
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.persist import (
     RUN_FOLDER_LOCK,
     file_sha256,
     hold_folder,
     release_folder,
     remove_leftover_temporaries,
 )
-from fedreg_app.privacy import require_accounting
-from fedreg_app.protocol import (
+from fedreg_app.core.privacy import require_accounting
+from fedreg_app.core.protocol import (
     COMPUTE_SECONDS,
     COST_SECONDS,
     HANDLER_SECONDS,
@@ -76,10 +76,10 @@ from fedreg_app.protocol import (
     STATE_RESETS,
     WEIGHTS_QUERY,
 )
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.tensorboard_log import require_tensorboard
+from fedreg_app.core.training import count_correct, eval_batch_size, select_device
 from fedreg_app.registry import get_algorithm, load_config
-from fedreg_app.tensorboard_log import require_tensorboard
-from fedreg_app.training import count_correct, eval_batch_size, select_device
 from strategies.base import PersonalizedStrategy, reply_metrics_problem
 
 DISCOVERY_TIMEOUT_S = 600.0
@@ -382,7 +382,7 @@ def hold_run_folder(folder: Path, run_id: int) -> None:
     """Only one ServerApp writes a run folder: a second resume of a folder that another
     one is still writing (the same ``resume=`` given twice, a simulation left behind by
     a killed runner) stops here, before it reads or writes anything of the run, with a
-    :class:`~fedreg_app.persist.FolderInUseError` naming that ServerApp."""
+    :class:`~fedreg_app.core.persist.FolderInUseError` naming that ServerApp."""
     _held.append(
         hold_folder(folder, RUN_FOLDER_LOCK, f"a ServerApp (PID {os.getpid()}, run {run_id})")
     )

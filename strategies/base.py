@@ -31,10 +31,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from fedreg_app.config import ConfigError, RunConfig, is_whole
-from fedreg_app.models import BASE, HEAD_G, SplitModel, group_of
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.privacy import (
+from fedreg_app.core.config import ConfigError, RunConfig, is_whole
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, group_of
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.privacy import (
     central_release,
     local_epsilon,
     noise_generator,
@@ -42,7 +42,7 @@ from fedreg_app.privacy import (
     population_denominators,
     sum_epsilon,
 )
-from fedreg_app.protocol import (
+from fedreg_app.core.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
@@ -67,11 +67,11 @@ from fedreg_app.protocol import (
     STATE_KEY,
     STATE_ROUND,
 )
-from fedreg_app.records import from_record, to_record
-from fedreg_app.seeds import rng
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.seeds import rng
 
 if TYPE_CHECKING:
-    from fedreg_app.data import TensorData
+    from fedreg_app.core.data import TensorData
 
 
 def sample_size(num_clients: int, fraction: float) -> int:
@@ -212,7 +212,7 @@ class PersonalizedStrategy(Strategy):
 
     def set_population_weights(self, weights: Mapping[int, Mapping[str, float]]) -> None:
         """Central DP: every partition's aggregation weights, as the clients declared
-        them before the first round (see ``fedreg_app/privacy.py``)."""
+        them before the first round (see ``fedreg_app/core/privacy.py``)."""
         self.population_weights = {int(p): dict(w) for p, w in weights.items()}
         population_denominators(self.population_weights, self.group_weights, 1)  # fails now
 

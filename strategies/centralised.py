@@ -29,13 +29,18 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
-from fedreg_app.config import RunConfig
-from fedreg_app.data import PartitionKey, TensorData, load_info, load_union_split
-from fedreg_app.models import BASE, HEAD_G, SplitModel, initial_model
-from fedreg_app.protocol import COMPUTE_SECONDS, HANDLER_SECONDS, NUM_PROCESSED, NUM_TRAINED_PARAMS
-from fedreg_app.records import from_record, to_record
-from fedreg_app.seeds import torch_generator
-from fedreg_app.training import MomentumSGD, select_device, train_epochs
+from fedreg_app.core.config import RunConfig
+from fedreg_app.core.data import PartitionKey, TensorData, load_info, load_union_split
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, initial_model
+from fedreg_app.core.protocol import (
+    COMPUTE_SECONDS,
+    HANDLER_SECONDS,
+    NUM_PROCESSED,
+    NUM_TRAINED_PARAMS,
+)
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.seeds import torch_generator
+from fedreg_app.core.training import MomentumSGD, select_device, train_epochs
 from strategies.base import PersonalizedStrategy
 
 #: Prefix of the optimizer's momentum buffers among the checkpoint's strategy arrays.

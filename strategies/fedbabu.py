@@ -4,8 +4,8 @@ so it never travels: a round costs the base only, as in ``004_…``'s cost compa
 
 from __future__ import annotations
 
-from fedreg_app.models import BASE
-from fedreg_app.protocol import NUM_EXAMPLES
+from fedreg_app.core.models import BASE
+from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.base import PersonalizedStrategy
 
 

@@ -18,9 +18,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from clients.fedbabu_deviation import FINETUNE_PHASE, DeviationOptions
-from fedreg_app.config import RunConfig
-from fedreg_app.models import BASE, HEAD_G
-from fedreg_app.protocol import NUM_EXAMPLES
+from fedreg_app.core.config import RunConfig
+from fedreg_app.core.models import BASE, HEAD_G
+from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.fedbabu import FedBABUStrategy
 
 

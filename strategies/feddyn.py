@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from clients.feddyn import FedDynOptions
-from fedreg_app.config import RunConfig
+from fedreg_app.core.config import RunConfig
 from strategies.base import PersonalizedStrategy, Update
 
 

@@ -7,7 +7,7 @@ never sent back, so it cannot influence any client's training.
 
 from __future__ import annotations
 
-from fedreg_app.models import BASE
+from fedreg_app.core.models import BASE
 from strategies.base import PersonalizedStrategy
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from clients.fedreg import FedReGOptions
-from fedreg_app.config import RunConfig
-from fedreg_app.models import BASE, HEAD_G
-from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
+from fedreg_app.core.config import RunConfig
+from fedreg_app.core.models import BASE, HEAD_G
+from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
 from strategies.base import Update
 from strategies.feddyn import DynamicState, dynamic_step
 

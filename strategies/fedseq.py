@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from clients.fedseq import base_layers, is_finetuning, of_layers, unfreeze_rounds, unfrozen_at
-from fedreg_app.models import SplitModel
+from fedreg_app.core.models import SplitModel
 from strategies.base import PersonalizedStrategy
 
 

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from clients.gpfl import attach_gpfl_modules, condition_input, conditioned_head
-from fedreg_app.models import BASE, EXTRA, HEAD_G, SplitModel
-from fedreg_app.protocol import NUM_EXAMPLES
+from fedreg_app.core.models import BASE, EXTRA, HEAD_G, SplitModel
+from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.base import ModelParts
 from strategies.fedper import FedPerStrategy
 

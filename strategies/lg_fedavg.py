@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from fedreg_app.models import HEAD_G
+from fedreg_app.core.models import HEAD_G
 from strategies.fedper import FedPerStrategy
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.config import RunConfig
-from fedreg_app.data import DatasetInfo
-from fedreg_app.models import BASE, HEAD_G, build_model
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.records import to_record
+from fedreg_app.core.config import RunConfig
+from fedreg_app.core.data import DatasetInfo
+from fedreg_app.core.models import BASE, HEAD_G, build_model
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.records import to_record
 from fedreg_app.registry import load_config
 from strategies.fedavg import FedAvgStrategy
 

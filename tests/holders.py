@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedreg_app.persist import RUN_FOLDER_LOCK
+from fedreg_app.core.persist import RUN_FOLDER_LOCK
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the holder writes in a run folder's lock unless told otherwise.
@@ -17,7 +17,7 @@ SERVERAPP = "a ServerApp (PID 4242, run 7)"
 _HOLD = """
 import os, sys, time
 from pathlib import Path
-from fedreg_app.persist import hold_folder
+from fedreg_app.core.persist import hold_folder
 held = hold_folder(Path(sys.argv[1]), sys.argv[2], sys.argv[3].format(pid=os.getpid()))
 print("held", flush=True)
 time.sleep(300)

@@ -31,9 +31,10 @@ from flwr.common.serde import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedreg_app import client_app, data, server_app
-from fedreg_app.persist import load_arrays
-from fedreg_app.protocol import CONFIG, SERVER_ROUND
+from fedreg_app import client_app, server_app
+from fedreg_app.core import data
+from fedreg_app.core.persist import load_arrays
+from fedreg_app.core.protocol import CONFIG, SERVER_ROUND
 
 #: A fault: given the message and the honest reply (None if the client raised), the
 #: reply to deliver (None: no reply at all).

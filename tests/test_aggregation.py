@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from clients.fedreg import EFFECTIVE_EXAMPLES
-from fedreg_app.config import RunConfig
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.protocol import NUM_EXAMPLES
+from fedreg_app.core.config import RunConfig
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.base import aggregation_weights, sample_size, weighted_average_by_group
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedreg import FedReGStrategy
@@ -88,8 +88,8 @@ def test_payload_bytes_counts_every_message_and_cost_totals_sum() -> None:
 
     from flwr.app import RecordDict
 
-    from fedreg_app.protocol import COMPUTE_SECONDS, HANDLER_SECONDS
-    from fedreg_app.records import to_record
+    from fedreg_app.core.protocol import COMPUTE_SECONDS, HANDLER_SECONDS
+    from fedreg_app.core.records import to_record
     from fedreg_app.server_app import payload_bytes
     from strategies.base import cost_totals
 

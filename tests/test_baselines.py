@@ -15,11 +15,11 @@ from clients.fedprox import FedProxClient
 from clients.fedreg import FedReGClient
 from clients.fedrep import FedRepClient
 from clients.fedrod import FedRoDClient, balanced_softmax_loss, log_class_prior
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.models import BASE, HEAD_G, HEAD_P
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES, NUM_PROCESSED
-from fedreg_app.records import from_record
+from fedreg_app.core.config import ConfigError, RunConfig
+from fedreg_app.core.models import BASE, HEAD_G, HEAD_P
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES, NUM_PROCESSED
+from fedreg_app.core.records import from_record
 from fedreg_app.registry import load_config
 from strategies.feddyn import FedDynStrategy
 from strategies.fedper import FedPerStrategy

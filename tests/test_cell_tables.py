@@ -3,8 +3,8 @@ by seed, and its worst clients, checked against figures worked out by hand."""
 
 from __future__ import annotations
 
-from fedreg_app.cell_tables import best_and_last, cells_table, worst_and_bottom_decile
-from fedreg_app.reports import RunResult
+from fedreg_tools.cell_tables import best_and_last, cells_table, worst_and_bottom_decile
+from fedreg_tools.reports import RunResult
 
 
 def run(cell: str, seed: int, globals_: list[float], personals: list[float],

@@ -16,9 +16,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from clients.fedbabu_deviation import FINETUNE_PHASE
 from fedreg_app import client_app
-from fedreg_app.client_state import MANIFEST, NO_USABLE_VERSION, VersionedState, version_name
-from fedreg_app.models import BASE, HEAD_G, initial_model
-from fedreg_app.protocol import (
+from fedreg_app.core.client_state import MANIFEST, NO_USABLE_VERSION, VersionedState, version_name
+from fedreg_app.core.models import BASE, HEAD_G, initial_model
+from fedreg_app.core.protocol import (
     ARRAYS,
     CONFIG,
     METRICS,
@@ -28,7 +28,7 @@ from fedreg_app.protocol import (
     STATE_RESETS,
     STATE_ROUND,
 )
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.records import from_record, to_record
 from tests.inprocess import over_the_wire, results, run_server
 
 
@@ -217,7 +217,7 @@ def snapshot(folder: Path) -> dict[str, bytes | None]:
             for p in sorted(folder.rglob("*"))}  # fmt: skip
 
 
-STATE_LOGGER = "fedreg_app.client_state"
+STATE_LOGGER = "fedreg_app.core.client_state"
 
 
 def state_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -509,7 +509,7 @@ def test_other_crafted_server_messages_are_refused_naming_what_is_wrong(
 ) -> None:
     """A weights query of "false" (a truthy string), an evaluation whose global arrays
     override what was sent, a message without the model: each refused, named."""
-    from fedreg_app.protocol import GLOBAL_ARRAYS, QUERY, WEIGHTS_QUERY
+    from fedreg_app.core.protocol import GLOBAL_ARRAYS, QUERY, WEIGHTS_QUERY
 
     run_config = {**node_config(grey_dataset, tmp_path / "state"), "algo": "fedper"}
     context = node_context(run_config)

@@ -10,9 +10,14 @@ from flwr.app import RecordDict
 from clients.base import ClientSetup
 from clients.fedavg import FedAvgClient
 from clients.fedreg import FedReGClient
-from fedreg_app.data import ClientData, DatasetInfo, TensorData
-from fedreg_app.models import BASE, HEAD_G, HEAD_P, build_model
-from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.core.data import ClientData, DatasetInfo, TensorData
+from fedreg_app.core.models import BASE, HEAD_G, HEAD_P, build_model
+from fedreg_app.core.protocol import (
+    EFFECTIVE_EXAMPLES,
+    NUM_EXAMPLES,
+    NUM_PROCESSED,
+    PERSONAL_CORRECT,
+)
 from fedreg_app.registry import load_config
 
 INFO = DatasetInfo(num_classes=4, channels=1, height=28, width=28)
@@ -155,7 +160,7 @@ def numel(arrays: dict[str, np.ndarray]) -> int:
 
 def test_trained_parameter_count_is_what_each_algorithm_updates() -> None:
     from clients.fedbabu import FedBABUClient
-    from fedreg_app.protocol import NUM_TRAINED_PARAMS
+    from fedreg_app.core.protocol import NUM_TRAINED_PARAMS
 
     model = build_model(INFO, 2, 0, private_head=True)
     sizes = {g: numel(model.group_state(g)) for g in (BASE, HEAD_G, HEAD_P)}
@@ -172,8 +177,8 @@ def test_persistent_optimizer_continues_momentum_as_one_optimizer_kept_across_ro
     """Two FedAvg rounds with the client's optimizer kept (the default) give exactly what
     one MomentumSGD made once and reused gives, the weights overwritten by the server's
     in between (PFLlib's client keeps its optimizer; the thesis makes it once)."""
-    from fedreg_app.seeds import torch_generator
-    from fedreg_app.training import MomentumSGD, train_epochs
+    from fedreg_app.core.seeds import torch_generator
+    from fedreg_app.core.training import MomentumSGD, train_epochs
 
     state = RecordDict()
     rounds = [(global_arrays(0), 1), (global_arrays(1), 2)]
@@ -216,7 +221,7 @@ def test_fedreg_keeps_two_optimizers_each_over_its_own_step() -> None:
 
 
 def test_momentum_of_the_wrong_shape_in_the_state_is_refused() -> None:
-    from fedreg_app.records import to_record
+    from fedreg_app.core.records import to_record
 
     state = RecordDict()
     FedAvgClient(make_setup(state)).train(global_arrays(), 1)
@@ -228,7 +233,7 @@ def test_momentum_of_the_wrong_shape_in_the_state_is_refused() -> None:
 
 
 def test_optimizer_state_value_is_checked() -> None:
-    from fedreg_app.config import ConfigError
+    from fedreg_app.core.config import ConfigError
 
     with pytest.raises(ConfigError, match="optimizer-state='kept'.*persistent, fresh"):
         load_config({"optimizer-state": "kept"})

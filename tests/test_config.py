@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from clients.fedprox import FedProxOptions
-from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.config import MAX_SEED, ONE_LAYER_HEADS, ConfigError
-from fedreg_app.data import DatasetInfo
-from fedreg_app.models import initial_model
+from fedreg_app.core.checkpoint import Checkpoint
+from fedreg_app.core.config import MAX_SEED, ONE_LAYER_HEADS, ConfigError
+from fedreg_app.core.data import DatasetInfo
+from fedreg_app.core.models import initial_model
 from fedreg_app.registry import ALGORITHMS, declared_keys, get_algorithm, load_config
 from tests.inprocess import results, run_server
 
@@ -237,8 +237,8 @@ def test_a_record_of_an_earlier_version_is_compared_and_replayed_as_it_ran(tmp_p
     not let the old record pass for today's default: before 0.3.0 every Dirichlet
     partition was drawn without balancing, so a record without `dirichlet-balance` is of
     another setting than today's default, and its replay draws as it did."""
-    from fedreg_app.config import as_ran, setting_differences
-    from fedreg_app.replay import Recording, replay_config
+    from fedreg_app.core.config import as_ran, setting_differences
+    from fedreg_tools.replay import Recording, replay_config
 
     today = load_config({}).to_run_config()
     earlier = {k: v for k, v in today.items() if k != "dirichlet-balance"}
@@ -258,7 +258,7 @@ def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
     `dirichlet-balance = false` (a key that cannot change it): its resume would be refused
     and its finished run taken for another setting; nor may a FedAvg record get FedBABU's
     `finetune-when`. The algorithm keys apply to the algorithms that declare them."""
-    from fedreg_app.config import (
+    from fedreg_app.core.config import (
         EARLIER_MEANING,
         MEANING_APPLIES,
         RunConfig,

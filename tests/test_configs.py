@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from clients.fedreg import FedReGOptions
-from fedreg_app.config import EARLIER_MEANING, RunConfig
-from fedreg_app.experiments import Experiment, plan
+from fedreg_app.core.config import EARLIER_MEANING, RunConfig
 from fedreg_app.registry import load_config
-from fedreg_app.replay import LOCATIONS
+from fedreg_tools.experiments import Experiment, plan
+from fedreg_tools.replay import LOCATIONS
 
 PROJECT = Path(__file__).resolve().parents[1]
 DECLARED = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]

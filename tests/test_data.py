@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fedreg_app.config import ConfigError
-from fedreg_app.data import (
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import (
     DECODED_CACHE_MIB,
     ClientData,
     DecodedPartitions,
@@ -167,7 +167,7 @@ def test_shard_partition_holds_c_classes_per_client(grey_dataset: Path) -> None:
 
 
 def test_dirichlet_topup_keeps_the_skew_and_gives_everyone_the_minimum() -> None:
-    from fedreg_app.partitioners import dirichlet_topup
+    from fedreg_app.core.partitioners import dirichlet_topup
 
     labels = np.repeat(np.arange(10), 120)  # 1200 samples, 10 classes
     parts = dirichlet_topup(labels, 20, alpha=0.1, min_size=4, seed=3)
@@ -286,7 +286,7 @@ def test_natural_partition_errors_name_the_keys(shakespeare_like: Path) -> None:
 
 
 def test_encode_text_reads_unknown_characters_as_space() -> None:
-    from fedreg_app.data import VOCABULARY, encode_text
+    from fedreg_app.core.data import VOCABULARY, encode_text
 
     codes = encode_text(["ab\u00e6}", "\n A?"])
     space = VOCABULARY.index(" ")
@@ -306,7 +306,7 @@ def write_idx(path: Path, array: np.ndarray) -> None:
 
 
 def test_emnist_idx_files_become_an_upright_hub_layout_dataset(tmp_path: Path) -> None:
-    from fedreg_app.convert import main
+    from fedreg_tools.convert import main
 
     source = tmp_path / "gzip"
     source.mkdir()
@@ -347,7 +347,7 @@ def test_damaged_emnist_files_are_named_and_leave_the_target_as_it_was(
     """Each of these damages stops the conversion naming its file (not a raw traceback of
     ArrowInvalid, a ClassLabel error or a negative offset), and both parts are read before
     train.parquet is written, so a damaged test part leaves the old train in place."""
-    from fedreg_app.convert import main
+    from fedreg_tools.convert import main
 
     source, target = tmp_path / "gzip", tmp_path / "out"
     source.mkdir()
@@ -516,7 +516,7 @@ def test_a_conversion_failing_while_writing_leaves_no_partial_file(
 ) -> None:
     """A failure while the second part is written leaves neither part's staged file in
     the target."""
-    from fedreg_app import convert
+    from fedreg_tools import convert
 
     source, target = tmp_path / "gzip", tmp_path / "out"
     source.mkdir()

@@ -1,5 +1,5 @@
 """The app as a real deployment on loopback: a SuperLink and three SuperNodes as separate
-processes (``fedreg_app.deployment.LocalDeployment``), on tiny generated data.
+processes (``fedreg_tools.deployment.LocalDeployment``), on tiny generated data.
 
 Slow (every message starts a ClientApp process; SuperNodes poll every few seconds; a
 killed node is noticed after about a minute), so marked ``deployment`` and skipped unless
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from fedreg_app.deployment import LocalDeployment
-from fedreg_app.launcher import HF_OFFLINE_ENV, config_text
+from fedreg_tools.deployment import LocalDeployment
+from fedreg_tools.launcher import HF_OFFLINE_ENV, config_text
 
 pytestmark = pytest.mark.deployment
 MAKE_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "make_certs.sh"

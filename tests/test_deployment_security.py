@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from fedreg_app.deployment import LocalDeployment
-from fedreg_app.launcher import (
+from fedreg_tools.deployment import LocalDeployment
+from fedreg_tools.launcher import (
     BIN,
     QUIET_OFFLINE_ENV,
     LocalSuperLink,

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from clients.rebalance import _CACHE, cached_rebalanced
-from fedreg_app import checkpoint as checkpoint_module
-from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.config import ConfigError
-from fedreg_app.data import (
+from fedreg_app.core import checkpoint as checkpoint_module
+from fedreg_app.core.checkpoint import Checkpoint
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import (
     DataError,
     PartitionKey,
     TensorData,
@@ -26,7 +26,7 @@ from fedreg_app.data import (
     load_info,
     node_data,
 )
-from fedreg_app.persist import load_checked_arrays, save_arrays, save_json
+from fedreg_app.core.persist import load_checked_arrays, save_arrays, save_json
 
 RUN_CONFIG = {"algo": "fedreg", "seed": 3, "alpha": 0.1}
 
@@ -388,7 +388,7 @@ def test_a_resume_removes_the_temporary_files_of_writes_its_killed_process_left(
     """``write_atomic``'s temporary files, left by a SIGKILL mid-write (see
     ``test_experiments.py::test_a_run_sigkilled_while_writing…``), are deleted when the
     run folder is resumed under its lock; the files of the run are kept."""
-    from fedreg_app.persist import remove_leftover_temporaries
+    from fedreg_app.core.persist import remove_leftover_temporaries
 
     checkpoint_of(6).save(tmp_path)
     kept = sorted(p for p in tmp_path.rglob("*") if p.is_file())
@@ -413,7 +413,7 @@ def test_a_non_finite_number_is_written_as_null_with_a_warning_naming_it(
     import logging
     import math
 
-    from fedreg_app.metrics import ResultsWriter, RoundRecord
+    from fedreg_app.core.metrics import ResultsWriter, RoundRecord
 
     writer = ResultsWriter(tmp_path / "run", {"algo": "fedavg"}, {"run_id": 1})
     record = RoundRecord(1, 0.5, math.nan, None, math.inf, -math.inf, 30)
@@ -518,8 +518,8 @@ def test_records_get_the_mode_open_would_give_them_and_private_state_stays_priva
     checkpoints stay their owner's."""
     import os
 
-    from fedreg_app.metrics import ResultsWriter
-    from fedreg_app.persist import file_creation_mask
+    from fedreg_app.core.metrics import ResultsWriter
+    from fedreg_app.core.persist import file_creation_mask
 
     previous = os.umask(0o027)
     try:

@@ -70,11 +70,11 @@ CONFIGURATION = PROJECT / "docs" / "configuration.md"
 
 
 def test_the_configuration_page_shows_the_keys_as_the_code_declares_them() -> None:
-    from fedreg_app.config_doc import page_block, render
+    from fedreg_tools.config_doc import page_block, render
 
     assert page_block(CONFIGURATION.read_text(encoding="utf-8")) == render(), (
         "docs/configuration.md's key tables differ from the code: run "
-        "`python -m fedreg_app.config_doc` to update"
+        "`python -m fedreg_tools.config_doc` to update"
     )
 
 
@@ -84,8 +84,8 @@ def test_every_declared_key_has_a_meaning_a_source_and_its_allowed_values() -> N
     comes from; the page shows each default as TOML reads it back."""
     import tomllib
 
-    from fedreg_app.config_doc import core_key_docs, option_groups, toml_value
     from fedreg_app.registry import CATALOG
+    from fedreg_tools.config_doc import core_key_docs, option_groups, toml_value
 
     documented = core_key_docs() + [k for group in option_groups(CATALOG) for k in group.keys]
     by_key = {doc.key: doc for doc in documented}
@@ -100,8 +100,8 @@ def test_every_declared_key_has_a_meaning_a_source_and_its_allowed_values() -> N
 
 
 def test_the_algorithm_keys_are_shown_with_every_algorithm_that_reads_them() -> None:
-    from fedreg_app.config_doc import core_key_docs, keyless_algorithms, option_groups
     from fedreg_app.registry import CATALOG, algorithm_names
+    from fedreg_tools.config_doc import core_key_docs, keyless_algorithms, option_groups
 
     readers: dict[str, set[str]] = {}
     for group in option_groups(CATALOG):
@@ -119,12 +119,12 @@ def test_the_algorithm_keys_are_shown_with_every_algorithm_that_reads_them() -> 
 def test_the_generator_rewrites_only_its_block_and_check_says_when_the_page_differs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fedreg_app.config_doc import BEGIN, END, main, render
+    from fedreg_tools.config_doc import BEGIN, END, main, render
 
     page = tmp_path / "configuration.md"
     page.write_text(f"# Configuration\n\nBefore.\n\n{BEGIN}\nold table\n{END}\n\nAfter.\n")
     assert main(["--check", "--page", str(page)]) == 1
-    assert "python -m fedreg_app.config_doc" in capsys.readouterr().err
+    assert "python -m fedreg_tools.config_doc" in capsys.readouterr().err
     assert main(["--page", str(page)]) == 0
     assert page.read_text() == (
         f"# Configuration\n\nBefore.\n\n{BEGIN}\n{render()}{END}\n\nAfter.\n"

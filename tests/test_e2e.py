@@ -1,6 +1,6 @@
 """The real app through ``flwr run`` in Flower's Ray simulation, on generated data.
 
-The tests own their simulation SuperLink (:class:`fedreg_app.launcher.LocalSuperLink`):
+The tests own their simulation SuperLink (:class:`fedreg_tools.launcher.LocalSuperLink`):
 free loopback ports, their own ``FLWR_HOME``, and every process it spawned stopped by
 process group when the module's tests are done.
 """
@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.data import DatasetInfo
-from fedreg_app.launcher import LocalSuperLink, descendants
-from fedreg_app.models import BASE, HEAD_G, build_model
+from fedreg_app.core.checkpoint import Checkpoint
+from fedreg_app.core.data import DatasetInfo
+from fedreg_app.core.models import BASE, HEAD_G, build_model
 from fedreg_app.registry import federated_algorithm_names
+from fedreg_tools.launcher import LocalSuperLink, descendants
 from tests.algorithm_runs import (
     as_run_config_text,
     check_run,
@@ -250,7 +250,7 @@ def test_shakespeare_with_the_char_lstm_from_a_pretrained_model(
 ) -> None:
     """LEAF Shakespeare's layout, natural per-speaker clients, ``003``'s CharLSTM, started
     from a model file (``init-model``): the path a user of ``003`` takes."""
-    from fedreg_app.persist import save_arrays
+    from fedreg_app.core.persist import save_arrays
 
     text = DatasetInfo(num_classes=80, channels=1, height=1, width=80, modality="text")
     pretrained = build_model(text, head_depth=1, seed=123, model="charlstm")

@@ -10,8 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedreg_app import replay
-from fedreg_app.environment import (
+from fedreg_app.core.environment import (
     CODE_PACKAGES,
     NUMERIC_KEYS,
     PROJECT_ROOT,
@@ -20,9 +19,10 @@ from fedreg_app.environment import (
     describe_environment,
     environment_note,
 )
-from fedreg_app.metrics import ResultsWriter, RoundRecord
-from fedreg_app.replay import main
+from fedreg_app.core.metrics import ResultsWriter, RoundRecord
 from fedreg_app.server_app import server_device
+from fedreg_tools import replay
+from fedreg_tools.replay import main
 from tests.inprocess import results, run_server
 from tests.test_replay import refigured, round_record
 

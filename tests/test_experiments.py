@@ -23,11 +23,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedreg_app import experiments, persist
-from fedreg_app.checkpoint import Checkpoint, clients_record
-from fedreg_app.config import ConfigError
-from fedreg_app.data import PartitionKey, split_digests, split_sizes
-from fedreg_app.experiments import (
+from fedreg_app.core import persist
+from fedreg_app.core.checkpoint import Checkpoint, clients_record
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import PartitionKey, split_digests, split_sizes
+from fedreg_app.core.metrics import BEST_OF, ResultsWriter, RoundRecord, rounds_sha256
+from fedreg_app.core.protocol import is_valid_state_key
+from fedreg_app.registry import load_config
+from fedreg_app.server_app import run_folder
+from fedreg_tools import experiments
+from fedreg_tools.experiments import (
     EXIT_BUSY,
     EXIT_FAILED,
     RECENT_ROUNDS,
@@ -52,13 +57,9 @@ from fedreg_app.experiments import (
     write_marker,
     write_run_config,
 )
-from fedreg_app.launcher import ClientResources, LocalSuperLink, kill_tree, processes_naming
-from fedreg_app.metrics import BEST_OF, ResultsWriter, RoundRecord, rounds_sha256
-from fedreg_app.overrides import declared_overrides, declared_run_config, parse_overrides
-from fedreg_app.protocol import is_valid_state_key
-from fedreg_app.registry import load_config
-from fedreg_app.reports import ANSWERED_NOTE, DEGRADED_NOTE, cell_problem, mean_std
-from fedreg_app.server_app import run_folder
+from fedreg_tools.launcher import ClientResources, LocalSuperLink, kill_tree, processes_naming
+from fedreg_tools.overrides import declared_overrides, declared_run_config, parse_overrides
+from fedreg_tools.reports import ANSWERED_NOTE, DEGRADED_NOTE, cell_problem, mean_std
 from tests.fake_data import copy_dataset
 from tests.holders import SERVERAPP, held_elsewhere
 
@@ -1174,8 +1175,8 @@ def test_a_run_whose_final_status_write_fails_says_so_and_the_rerun_completes_it
 KILLED_MID_WRITE = """
 import json, sys, time
 from pathlib import Path
-from fedreg_app import persist
-from fedreg_app.metrics import ResultsWriter, RoundRecord
+from fedreg_app.core import persist
+from fedreg_app.core.metrics import ResultsWriter, RoundRecord
 folder, last, signals = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 EVERY_CLIENT = {"clients": 20, "of_clients": 20, "test_samples": 30, "of_test_samples": 30}
 document = json.loads((folder / "results.json").read_text())
@@ -1499,7 +1500,7 @@ def test_a_second_runner_on_the_same_out_is_refused_until_the_first_is_gone(
 
 def runner_at_round_1(config: Path, out: Path, log: Any) -> subprocess.Popen:
     """A fedreg-experiment process on ``config``, returned once round 1 is checkpointed."""
-    command = [sys.executable, "-m", "fedreg_app.experiments", str(config), "--out", str(out)]
+    command = [sys.executable, "-m", "fedreg_tools.experiments", str(config), "--out", str(out)]
     runner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     seed, deadline = out / "tiny" / "fedreg" / "seed0", time.monotonic() + 300
     try:
@@ -1642,7 +1643,7 @@ from pathlib import Path
 
 class HoldAtFinish:
     def find_spec(self, name, path=None, target=None):
-        if name != "fedreg_app.metrics":
+        if name != "fedreg_app.core.metrics":
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -1676,7 +1677,7 @@ def test_a_runner_sigkilled_after_the_last_checkpoint_completes_the_run_without_
     (hooks / "sitecustomize.py").write_text(HOLD_AT_FINISH)
     path = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": path, "HOLD_AT_FINISH_SIGNALS": str(signals)}
-    command = [sys.executable, "-m", "fedreg_app.experiments", str(config), "--out", str(out)]
+    command = [sys.executable, "-m", "fedreg_tools.experiments", str(config), "--out", str(out)]
     with (tmp_path / "first.log").open("w") as log:
         runner = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:

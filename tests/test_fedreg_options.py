@@ -18,7 +18,7 @@ from torch.nn import functional as F  # noqa: N812 - the usual name
 
 import clients.base
 import clients.rebalance as rebalance
-import fedreg_app.training as training
+import fedreg_app.core.training as training
 from clients.base import ClientSetup, optimizer_record
 from clients.feddyn import CORRECTION
 from clients.fedreg import (
@@ -36,11 +36,11 @@ from clients.rebalance import (
     is_global_threshold,
     partition_train_sizes,
 )
-from fedreg_app.config import ConfigError
-from fedreg_app.data import PartitionKey, TensorData, client_splits
-from fedreg_app.models import BASE, HEAD_G, HEAD_P, build_model
-from fedreg_app.protocol import EFFECTIVE_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import PartitionKey, TensorData, client_splits
+from fedreg_app.core.models import BASE, HEAD_G, HEAD_P, build_model
+from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.core.records import from_record, to_record
 from fedreg_app.registry import load_config
 from tests.test_clients import INFO, global_arrays, group, make_setup, same
 
@@ -341,7 +341,7 @@ def test_every_partitions_train_size_is_what_its_split_holds(grey_dataset: Path)
 def test_a_client_computes_the_global_threshold_from_the_partitioning(
     grey_dataset: Path, tmp_path: Path, monkeypatch
 ) -> None:
-    from fedreg_app.data import node_data
+    from fedreg_app.core.data import node_data
 
     key = partition_key(grey_dataset)
     sizes = [len(client_splits(key, pid)["train"]) for pid in range(4)]
@@ -377,7 +377,7 @@ def test_a_client_computes_the_global_threshold_from_the_partitioning(
 def test_a_federation_runs_with_the_global_threshold(grey_dataset: Path, tmp_path: Path) -> None:
     """Through the real ClientApp: the node's ClientSetup carries its partitioning, so
     each client finds every train size itself (kept in its state-dir's data folder)."""
-    from fedreg_app.data import data_cache_folder
+    from fedreg_app.core.data import data_cache_folder
     from tests.inprocess import results, run_server
 
     config = {"algo": "fedreg", "dataset-path": str(grey_dataset), "local-epochs": 1,
@@ -781,9 +781,9 @@ def test_dyn_alpha_keeps_feddyns_correction_and_pulls_toward_the_global_model() 
 
 
 def test_dyn_alpha_server_subtracts_h_from_fedregs_weighted_average() -> None:
-    from fedreg_app.config import RunConfig
-    from fedreg_app.partition_map import PartitionMap
-    from fedreg_app.protocol import NUM_EXAMPLES
+    from fedreg_app.core.config import RunConfig
+    from fedreg_app.core.partition_map import PartitionMap
+    from fedreg_app.core.protocol import NUM_EXAMPLES
     from strategies.fedreg import FedReGStrategy
 
     options = FedReGOptions(dyn_alpha=0.5)
@@ -812,7 +812,7 @@ def test_dyn_alpha_server_subtracts_h_from_fedregs_weighted_average() -> None:
 
 
 def test_without_dyn_alpha_the_server_is_fedregs_weighted_average() -> None:
-    from fedreg_app.config import RunConfig
+    from fedreg_app.core.config import RunConfig
     from strategies.base import weighted_average_by_group
     from strategies.fedreg import FedReGStrategy
 

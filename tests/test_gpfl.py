@@ -22,12 +22,12 @@ from clients.gpfl import (
     magnitude_level_loss,
     personal_condition,
 )
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.data import normalise
-from fedreg_app.models import BASE, EXTRA, HEAD_G, build_model
-from fedreg_app.protocol import NUM_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.core.config import ConfigError, RunConfig
+from fedreg_app.core.data import normalise
+from fedreg_app.core.models import BASE, EXTRA, HEAD_G, build_model
+from fedreg_app.core.protocol import NUM_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.core.training import count_correct
 from fedreg_app.registry import load_config
-from fedreg_app.training import count_correct
 from strategies.base import weighted_average_by_group
 from strategies.gpfl import GPFLStrategy
 from tests.test_clients import INFO, group, same

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from fedreg_app.experiments import submitted_run_id
-from fedreg_app.launcher import (
+from fedreg_app.core.persist import FolderInUseError
+from fedreg_tools.experiments import submitted_run_id
+from fedreg_tools.launcher import (
     DATABASE,
     HF_OFFLINE_ENV,
     PROJECT,
@@ -28,7 +29,6 @@ from fedreg_app.launcher import (
     stage_app,
     wait_until_unused,
 )
-from fedreg_app.persist import FolderInUseError
 
 
 def fab_files(fab: bytes) -> dict[str, bytes]:
@@ -217,7 +217,7 @@ def test_the_watchdog_stops_a_tree_whose_owner_is_gone_and_leaves_it_otherwise(
     child = f"subprocess.Popen([sys.executable, '-c', {sleeper!r}])"
     parent = f"import subprocess, sys, time; {child}; time.sleep(60)"
     tree = subprocess.Popen([sys.executable, "-c", parent], start_new_session=True)
-    code = f"from fedreg_app.launcher import watchdog; watchdog({owner.pid}, {tree.pid})"
+    code = f"from fedreg_tools.launcher import watchdog; watchdog({owner.pid}, {tree.pid})"
     guard = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
         time.sleep(3 * WATCH_POLL_S + 1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedreg_app.data import DatasetInfo
-from fedreg_app.models import (
+from fedreg_app.core.data import DatasetInfo
+from fedreg_app.core.models import (
     BASE,
     HEAD_G,
     HEAD_P,
@@ -69,7 +69,7 @@ def test_load_group_state_rejects_missing_keys() -> None:
 
 
 def test_mlp_is_input_100_classes_split_after_the_hidden_layer() -> None:
-    from fedreg_app.config import ConfigError
+    from fedreg_app.core.config import ConfigError
 
     info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
     model = build_model(info, 1, 0, private_head=True, model="mlp")
@@ -93,9 +93,9 @@ def test_pretrained_init_from_npz_or_pt_without_pickled_code(tmp_path) -> None:
 
     import numpy as np
 
-    from fedreg_app.config import ConfigError
-    from fedreg_app.models import initial_model, load_pretrained
-    from fedreg_app.persist import save_arrays
+    from fedreg_app.core.config import ConfigError
+    from fedreg_app.core.models import initial_model, load_pretrained
+    from fedreg_app.core.persist import save_arrays
 
     info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
     trained = build_model(info, 2, seed=42)
@@ -148,7 +148,7 @@ def test_cnn_of_the_related_papers(channels: int, size: int, flat: int) -> None:
 
 
 def test_charlstm_embedding_8_two_lstm_layers_of_256_and_a_linear_head() -> None:
-    from fedreg_app.config import ConfigError
+    from fedreg_app.core.config import ConfigError
 
     text = DatasetInfo(num_classes=80, channels=1, height=1, width=80, modality="text")
     model = build_model(text, head_depth=1, seed=0, private_head=True, model="charlstm")

@@ -12,9 +12,9 @@ import pytest
 from datasets import Dataset
 from flwr_datasets.partitioner import DirichletPartitioner
 
-from fedreg_app.config import ConfigError
-from fedreg_app.data import PartitionKey, client_splits, federated_dataset, split_sizes
-from fedreg_app.partitioners import RedrawingDirichletPartitioner
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import PartitionKey, client_splits, federated_dataset, split_sizes
+from fedreg_app.core.partitioners import RedrawingDirichletPartitioner
 from fedreg_app.registry import load_config
 
 #: On the test images (360 of 400 kept), 10 clients of Dirichlet(0.1) with at least 10

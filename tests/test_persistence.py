@@ -14,20 +14,19 @@ import torch
 from flwr.app import RecordDict
 
 from clients.rebalance import _CACHE, cached_rebalanced
-from fedreg_app import data as data_module
-from fedreg_app.checkpoint import Checkpoint, clients_record
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.data import PartitionKey, data_cache_folder, node_data
-from fedreg_app.experiments import RUNNER_LOCK, exclusive_out
-from fedreg_app.metrics import (
+from fedreg_app.core import data as data_module
+from fedreg_app.core.checkpoint import Checkpoint, clients_record
+from fedreg_app.core.config import ConfigError, RunConfig
+from fedreg_app.core.data import PartitionKey, data_cache_folder, node_data
+from fedreg_app.core.metrics import (
     ResultsWriter,
     RoundRecord,
     kept_rounds_problem,
     mark_stopped,
     relayout_results,
 )
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import (
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.persist import (
     RUN_FOLDER_LOCK,
     FolderInUseError,
     UnsafeLockError,
@@ -38,6 +37,7 @@ from fedreg_app.persist import (
     save_arrays,
 )
 from fedreg_app.registry import load_config
+from fedreg_tools.experiments import RUNNER_LOCK, exclusive_out
 from strategies.fedavg import FedAvgStrategy
 from strategies.feddyn import FedDynStrategy
 from tests.test_clients import tensors

@@ -11,13 +11,19 @@ from typing import Any
 import pytest
 from flwr.app import MessageType
 
-from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.config import RunConfig
-from fedreg_app.metrics import ResultsWriter, RoundRecord
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.protocol import GLOBAL_CORRECT, METRICS, NUM_TEST, PARTITION_ID, PERSONAL_CORRECT
-from fedreg_app.reports import collect, main, paper_table
+from fedreg_app.core.checkpoint import Checkpoint
+from fedreg_app.core.config import RunConfig
+from fedreg_app.core.metrics import ResultsWriter, RoundRecord
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.protocol import (
+    GLOBAL_CORRECT,
+    METRICS,
+    NUM_TEST,
+    PARTITION_ID,
+    PERSONAL_CORRECT,
+)
 from fedreg_app.server_app import round_line, sampled_accuracy, trained_in
+from fedreg_tools.reports import collect, main, paper_table
 from strategies.fedavg import FedAvgStrategy
 from tests.inprocess import ServerKilled, error_reply, results, run_server
 from tests.test_reports import fake_run

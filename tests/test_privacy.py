@@ -15,10 +15,10 @@ import pytest
 from flwr.app import Message
 
 from fedreg_app import client_app
-from fedreg_app.config import ConfigError
-from fedreg_app.data import PartitionKey, load_info
-from fedreg_app.models import BASE, HEAD_G, initial_model
-from fedreg_app.privacy import (
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import PartitionKey, load_info
+from fedreg_app.core.models import BASE, HEAD_G, initial_model
+from fedreg_app.core.privacy import (
     central_epsilon,
     central_release,
     clipped,
@@ -27,8 +27,8 @@ from fedreg_app.privacy import (
     privatise_locally,
     update_norm,
 )
-from fedreg_app.protocol import ARRAYS, DP_REFERENCE, EFFECTIVE_EXAMPLES, METRICS, NUM_EXAMPLES
-from fedreg_app.records import to_record
+from fedreg_app.core.protocol import ARRAYS, DP_REFERENCE, EFFECTIVE_EXAMPLES, METRICS, NUM_EXAMPLES
+from fedreg_app.core.records import to_record
 from fedreg_app.registry import get_algorithm, load_config
 from strategies.base import weighted_average_by_group
 from tests.inprocess import results, run_server
@@ -195,7 +195,7 @@ def federated(dataset: Path, where: Path, **extra: Any) -> dict[str, Any]:
 
 
 def head_p_of_round(where: Path, server_round: int) -> dict[str, np.ndarray]:
-    from fedreg_app.persist import load_checked_arrays
+    from fedreg_app.core.persist import load_checked_arrays
 
     found = sorted(
         (where / "state").glob(f"runs/*/partition-*/round-{server_round:06d}/head_p.npz")
@@ -225,7 +225,7 @@ def test_a_private_fedreg_run_noises_the_shared_parts_not_the_private_head(
     eps = [r["dp_epsilon"] for r in document["rounds"]]
     assert 0 < eps[0] < eps[1] and all(math.isfinite(e) for e in eps)
     assert results(plain / "results")["rounds"][0]["dp_epsilon"] is None
-    from fedreg_app.checkpoint import Checkpoint
+    from fedreg_app.core.checkpoint import Checkpoint
 
     models = [Checkpoint.load(next((w / "results").glob("*/")))[0].model for w in (plain, noisy)]
     assert not np.array_equal(models[0]["base.0.weight"], models[1]["base.0.weight"])
@@ -238,7 +238,7 @@ def test_a_reply_claiming_other_weights_than_declared_is_rejected(
     inflating its weight (it would break the sensitivity bound) does not count."""
     from flwr.app import Message, MetricRecord, RecordDict
 
-    from fedreg_app.protocol import ARRAYS, DATA, METRICS
+    from fedreg_app.core.protocol import ARRAYS, DATA, METRICS
 
     def inflate(msg: Message, honest: Message | None) -> Message:
         metrics = dict(honest.content[METRICS])
@@ -258,7 +258,7 @@ def test_a_reply_claiming_other_weights_than_declared_is_rejected(
 
 
 def first_round_sample(seed: int) -> list[int]:
-    from fedreg_app.partition_map import PartitionMap
+    from fedreg_app.core.partition_map import PartitionMap
     from strategies.fedavg import FedAvgStrategy
 
     strategy = FedAvgStrategy(load_config({"seed": seed, "fraction-train": 0.5}))
@@ -271,7 +271,7 @@ def test_a_killed_and_resumed_private_run_equals_an_uninterrupted_one(
 ) -> None:
     """The privacy ledger and the seeded noise come back with the checkpoint: ε and the
     model of a run killed in round 3 and resumed equal those of a run never stopped."""
-    from fedreg_app.checkpoint import Checkpoint
+    from fedreg_app.core.checkpoint import Checkpoint
     from tests.inprocess import ServerKilled
 
     settings = private(**{"dp-noise-multiplier": 0.01, "num-server-rounds": 3})
@@ -391,7 +391,7 @@ def test_with_equal_weights_the_release_is_flowers_fixed_clipping_average() -> N
     (``compute_clip_model_update``) and average give the same model as ours. Its noise
     std is z C / K on the average (``compute_stdv``), ours 2 z C / K: it takes the
     sensitivity of adding or removing a client, C, while the without-replacement
-    accounting both use is for replacing one, 2C (see fedreg_app/privacy.py)."""
+    accounting both use is for replacing one, 2C (see fedreg_app/core/privacy.py)."""
     from flwr.supercore.differential_privacy import compute_clip_model_update, compute_stdv
 
     rng = np.random.default_rng(4)
@@ -414,6 +414,6 @@ def test_with_equal_weights_the_release_is_flowers_fixed_clipping_average() -> N
         average = np.mean([p[index] for p in flower], axis=0)
         np.testing.assert_allclose(ours[key], average, rtol=1e-5, atol=1e-6)
     config = load_config({"algo": "fedavg", **private(**{"dp-noise-multiplier": 0.8})})
-    from fedreg_app.privacy import noise_std
+    from fedreg_app.core.privacy import noise_std
 
     assert noise_std(config) / denominators["base"] == pytest.approx(2 * compute_stdv(0.8, 1.0, 3))

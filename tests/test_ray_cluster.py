@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedreg_app.launcher import BIN, LocalSuperLink, free_port
+from fedreg_tools.launcher import BIN, LocalSuperLink, free_port
 
 pytestmark = pytest.mark.ray_cluster
 

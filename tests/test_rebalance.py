@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from clients.rebalance import build_rebalanced, class_threshold, effective_samples
-from fedreg_app.data import TensorData
+from fedreg_app.core.data import TensorData
 
 COUNTS = [30, 0, 5, 12, 0, 1, 0, 0, 0, 8]  # classes 1, 4, 6, 7, 8 absent
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.config import ConfigError
-from fedreg_app.data import PartitionKey, data_digest, load_union_split, split_digests
-from fedreg_app.models import BASE, HEAD_G
+from fedreg_app.core.checkpoint import Checkpoint
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import PartitionKey, data_digest, load_union_split, split_digests
+from fedreg_app.core.models import BASE, HEAD_G
 from fedreg_app.registry import get_algorithm, load_config
 from tests.fake_data import copy_dataset
 from tests.inprocess import ServerKilled, results, run_server

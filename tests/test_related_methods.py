@@ -8,10 +8,10 @@ import pytest
 from clients.fedbabu_deviation import FINETUNE_PHASE, FedBABUDeviationClient
 from clients.fedseq import FINETUNED, FedSeqClient, unfreeze_rounds
 from clients.lg_fedavg import LGFedAvgClient
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.models import BASE, HEAD_G, build_model
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.records import from_record
+from fedreg_app.core.config import ConfigError, RunConfig
+from fedreg_app.core.models import BASE, HEAD_G, build_model
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.records import from_record
 from fedreg_app.registry import load_config
 from strategies.fedbabu_deviation import (
     FedBABUDeviationStrategy,

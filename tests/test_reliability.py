@@ -25,14 +25,14 @@ from flwr.app import (
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app, server_app
-from fedreg_app.checkpoint import Checkpoint
-from fedreg_app.config import ConfigError
-from fedreg_app.data import PartitionKey, data_digest, split_digests
-from fedreg_app.metrics import RoundRecord, client_error, rounds_sha256, status_problem
-from fedreg_app.models import group_of, initial_model
-from fedreg_app.partition_map import PartitionMap
-from fedreg_app.persist import RUN_FOLDER_LOCK, FolderInUseError
-from fedreg_app.protocol import (
+from fedreg_app.core.checkpoint import Checkpoint
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import PartitionKey, data_digest, split_digests
+from fedreg_app.core.metrics import RoundRecord, client_error, rounds_sha256, status_problem
+from fedreg_app.core.models import group_of, initial_model
+from fedreg_app.core.partition_map import PartitionMap
+from fedreg_app.core.persist import RUN_FOLDER_LOCK, FolderInUseError
+from fedreg_app.core.protocol import (
     ARRAYS,
     COMPUTE_SECONDS,
     CONFIG,
@@ -50,9 +50,9 @@ from fedreg_app.protocol import (
     STATE_RESETS,
     STATE_ROUND,
 )
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.training import EVAL_BATCH_ENV
 from fedreg_app.registry import load_config
-from fedreg_app.training import EVAL_BATCH_ENV
 from strategies.fedreg import FedReGStrategy
 from tests.fake_data import copy_dataset, write_image_dataset
 from tests.holders import SERVERAPP, held_elsewhere
@@ -105,7 +105,7 @@ def test_a_client_failing_makes_the_run_degraded_and_the_personal_figure_partial
     coverage = round2["personal_coverage"]
     assert (coverage["clients"], coverage["of_clients"]) == (3, 4)
     assert coverage["test_samples"] < coverage["of_test_samples"]
-    from fedreg_app.reports import document_problem
+    from fedreg_tools.reports import document_problem
 
     assert document_problem(document) is None  # a report reads it as written
     round2["personal_accuracy"] = round2["personal_accuracy_answered"]  # passed off as whole
@@ -892,7 +892,7 @@ def test_server_killed_after_its_last_checkpoint_resumes_to_the_same_end(
     assert [r["round"] for r in resumed["rounds"]] == list(range(1, last + 1))
     assert per_round(resumed) == per_round(expected)
     assert_same_arrays(final_model(tmp_path / "part"), final_model(tmp_path / "whole"))
-    from fedreg_app.reports import document_problem
+    from fedreg_tools.reports import document_problem
 
     for record in (expected, resumed):  # the early end is recorded: a finished run to report
         assert record["run"].get("ended_after_round") == (last if ends_early else None)
@@ -1293,7 +1293,7 @@ def test_a_checkpoint_of_an_earlier_version_resumes_as_it_ran(
     have continued on another partition (refused only by the split sizes, with a message
     about other data). It is read as it ran: a resume with today's default is refused
     naming the key; one with the run's value equals the uninterrupted run."""
-    from fedreg_app.checkpoint import _body_hash
+    from fedreg_app.core.checkpoint import _body_hash
 
     config = {**base, "algo": "fedavg", "dirichlet-balance": False, "num-server-rounds": 1,
               "state-dir": str(tmp_path / "state")}  # fmt: skip
@@ -1330,8 +1330,8 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     figures made consistent, or its config) is neither published by `fedreg-report` nor
     taken as finished by the runner, not only refused on resume: a record beside a
     checkpoint must be the one it sealed."""
-    from fedreg_app.replay import read_recording
-    from fedreg_app.reports import scan
+    from fedreg_tools.replay import read_recording
+    from fedreg_tools.reports import scan
 
     seed_folder = tmp_path / "root" / "smoke" / "fedavg" / "seed5"
     config = {**base, "algo": "fedavg", "num-server-rounds": 2, "state-dir": str(tmp_path / "s"),
@@ -1375,8 +1375,8 @@ def test_a_round_committed_while_a_report_reads_the_run_leaves_it_valid(
     run would read as `invalid`. The seal is read first. The interleaving is
     injected: the first read of results.json returns the round-1 record and then lets
     the run write rounds 2 and 3, record then checkpoint, as the ServerApp does."""
-    from fedreg_app.replay import read_recording
-    from fedreg_app.reports import read_document
+    from fedreg_tools.replay import read_recording
+    from fedreg_tools.reports import read_document
 
     config = {**base, "state-dir": str(tmp_path / "state")}
     folder = killed_in_round_2(config, tmp_path)
@@ -1413,7 +1413,7 @@ def test_only_an_algorithm_that_ends_early_may_record_fewer_rounds() -> None:
     """A `completed` FedAvg record cut to 1 of its 4 rounds, with
     `run.ended_after_round = 1` added, does not pass as finished; nor does one whose
     num-server-rounds is missing, "4" or 4.0 (the round count is checked)."""
-    from fedreg_app.metrics import ENDS_EARLY
+    from fedreg_app.core.metrics import ENDS_EARLY
     from fedreg_app.registry import ALGORITHMS
     from strategies.base import PersonalizedStrategy
 
@@ -1437,7 +1437,7 @@ def test_a_seal_written_before_a_field_was_added_still_holds() -> None:
     `global_model_kept` came after the first seals, so a record sealed before it would
     read as edited when its seal is checked. A seal names its fields; one that names none
     is tried without the later fields."""
-    from fedreg_app.metrics import UNNAMED_SEAL_LATER_FIELDS, round_fields, sealed_rounds_match
+    from fedreg_app.core.metrics import UNNAMED_SEAL_LATER_FIELDS, round_fields, sealed_rounds_match
 
     rounds = [{"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
                "personal_accuracy_std": 0.1, "train_seconds": 1.0, "eval_seconds": 1.0,
@@ -1453,9 +1453,9 @@ def test_a_seal_written_before_a_field_was_added_still_holds() -> None:
 
 def _init_model_files(tmp_path: Path, **seeds: int) -> dict[str, Path]:
     """Model files of the grey dataset's model, one per name, from the seeds given."""
-    from fedreg_app.data import DatasetInfo
-    from fedreg_app.models import BASE, HEAD_G, build_model
-    from fedreg_app.persist import save_arrays
+    from fedreg_app.core.data import DatasetInfo
+    from fedreg_app.core.models import BASE, HEAD_G, build_model
+    from fedreg_app.core.persist import save_arrays
 
     info = DatasetInfo(num_classes=10, channels=1, height=28, width=28)
     files = {}
@@ -1473,8 +1473,8 @@ def test_a_node_whose_init_model_copy_holds_other_weights_is_refused_by_its_dige
     `completed`. Every reply names its file's sha256: that partition's replies are
     refused and named, the run is `degraded`, the others count; the record names the
     server file's sha256."""
-    from fedreg_app.metrics import INIT_MODEL_SHA256
-    from fedreg_app.persist import file_sha256
+    from fedreg_app.core.metrics import INIT_MODEL_SHA256
+    from fedreg_app.core.persist import file_sha256
 
     files = _init_model_files(tmp_path, server=42, device=43)
     config = {**base, "num-server-rounds": 2, "init-model": str(files["server"]),
@@ -1525,9 +1525,9 @@ def test_a_device_reads_its_own_copy_of_the_init_model(
     machine, and every ClientApp validated it, so a device without that path could not
     answer discovery. A node names its own copy (`--node-config init-model=...`); one
     with neither is named at discovery."""
-    from fedreg_app.data import DatasetInfo
-    from fedreg_app.models import BASE, HEAD_G, build_model
-    from fedreg_app.persist import save_arrays
+    from fedreg_app.core.data import DatasetInfo
+    from fedreg_app.core.models import BASE, HEAD_G, build_model
+    from fedreg_app.core.persist import save_arrays
 
     monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 3.0)
     trained = build_model(DatasetInfo(num_classes=10, channels=1, height=28, width=28), 2, 42)

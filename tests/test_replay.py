@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from fedreg_app import replay
-from fedreg_app.environment import describe_environment
-from fedreg_app.experiments import main as run_experiment
-from fedreg_app.launcher import ClientResources
-from fedreg_app.metrics import BEST_OF
-from fedreg_app.overrides import declared_run_config
-from fedreg_app.replay import (
+from fedreg_app.core.environment import describe_environment
+from fedreg_app.core.metrics import BEST_OF
+from fedreg_tools import replay
+from fedreg_tools.experiments import main as run_experiment
+from fedreg_tools.launcher import ClientResources
+from fedreg_tools.overrides import declared_run_config
+from fedreg_tools.replay import (
     Recording,
     compare_rounds,
     main,

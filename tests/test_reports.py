@@ -12,11 +12,11 @@ import pytest
 from PIL import Image
 
 import fedreg_app
-from fedreg_app.config import ConfigError
-from fedreg_app.experiments import Experiment, cell_id
-from fedreg_app.overrides import declared_run_config
-from fedreg_app.persist import RUN_FOLDER_LOCK
-from fedreg_app.reports import (
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.persist import RUN_FOLDER_LOCK
+from fedreg_tools.experiments import Experiment, cell_id
+from fedreg_tools.overrides import declared_run_config
+from fedreg_tools.reports import (
     ANSWERED_NOTE,
     DEGRADED_NOTE,
     UNFINISHED_NOTE,
@@ -619,9 +619,9 @@ def test_the_report_and_the_runner_do_not_import_each_other() -> None:
                 modules.update(alias.name for alias in node.names)
         return modules
 
-    assert "fedreg_app.experiments" not in imported("reports")
+    assert "fedreg_tools.experiments" not in imported("reports")
     ours = {m for m in imported("overrides") if m.split(".")[0] == "fedreg_app"}
-    assert ours == {"fedreg_app.config"}
+    assert ours == {"fedreg_app.core.config"}
 
 
 def test_report_classes_names_the_closest_key_of_an_unknown_one(capsys) -> None:
@@ -1126,7 +1126,7 @@ def test_rounds_md_says_how_much_each_run_swings_after_half_its_rounds(tmp_path:
 
 def test_rounds_md_correlates_the_round_to_round_changes() -> None:
     """Two runs that rise and fall in the same rounds correlate at 1, opposite ones at −1."""
-    from fedreg_app.round_tables import changes_correlation
+    from fedreg_tools.round_tables import changes_correlation
 
     together = [(1, 0.5, 0.4), (2, 0.7, 0.5), (3, 0.6, 0.45), (4, 0.9, 0.6)]
     opposite = [(k, a, -b) for k, a, b in together]

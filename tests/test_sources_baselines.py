@@ -15,12 +15,12 @@ from clients.fedavg2rep import PERSONAL_HEAD, FedAvg2RepClient
 from clients.fedbabu import FedBABUClient
 from clients.fedper import FedPerClient
 from fedreg_app.client_app import global_model_parts
-from fedreg_app.config import ConfigError
-from fedreg_app.models import BASE, HEAD_G, build_model
-from fedreg_app.protocol import GLOBAL_CORRECT, NUM_EXAMPLES, PERSONAL_CORRECT
-from fedreg_app.records import from_record
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.models import BASE, HEAD_G, build_model
+from fedreg_app.core.protocol import GLOBAL_CORRECT, NUM_EXAMPLES, PERSONAL_CORRECT
+from fedreg_app.core.records import from_record
+from fedreg_app.core.training import count_correct_each, eval_batches
 from fedreg_app.registry import load_config
-from fedreg_app.training import count_correct_each, eval_batches
 from strategies.fedavg2rep import FedAvg2RepStrategy
 from tests.test_baselines import recording
 from tests.test_clients import INFO, global_arrays, group, make_setup, same

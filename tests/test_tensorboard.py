@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from fedreg_app.config import ConfigError
-from fedreg_app.metrics import ResultsWriter, RoundRecord
-from fedreg_app.tensorboard_log import EVENT_FILES, SCALARS
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.metrics import ResultsWriter, RoundRecord
+from fedreg_app.core.tensorboard_log import EVENT_FILES, SCALARS
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
@@ -131,7 +131,7 @@ def test_tensorboard_missing_is_a_config_error_naming_the_key(
 ) -> None:
     import builtins
 
-    from fedreg_app.tensorboard_log import require_tensorboard
+    from fedreg_app.core.tensorboard_log import require_tensorboard
 
     real_import = builtins.__import__
 

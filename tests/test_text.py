@@ -9,9 +9,9 @@ import torch
 from flwr.app import RecordDict
 
 from clients.base import ClientSetup
-from fedreg_app.data import ClientData, DatasetInfo, TensorData
-from fedreg_app.models import BASE, HEAD_P, initial_model
-from fedreg_app.protocol import NUM_TRAINED_PARAMS, PERSONAL_CORRECT
+from fedreg_app.core.data import ClientData, DatasetInfo, TensorData
+from fedreg_app.core.models import BASE, HEAD_P, initial_model
+from fedreg_app.core.protocol import NUM_TRAINED_PARAMS, PERSONAL_CORRECT
 from fedreg_app.registry import ALGORITHMS, federated_algorithm_names, load_config
 
 TEXT = DatasetInfo(num_classes=80, channels=1, height=1, width=12, modality="text")

@@ -14,11 +14,10 @@ import pytest
 import torch
 from torch.nn import functional as F  # noqa: N812
 
-from fedreg_app.config import ConfigError
-from fedreg_app.data import TEXT, DatasetInfo, TensorData, normalise
-from fedreg_app.models import BASE, HEAD_P, build_model
-from fedreg_app.registry import load_config
-from fedreg_app.training import (
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import TEXT, DatasetInfo, TensorData, normalise
+from fedreg_app.core.models import BASE, HEAD_P, build_model
+from fedreg_app.core.training import (
     EVAL_BATCH_ENV,
     MIN_EVAL_BATCH,
     MomentumSGD,
@@ -29,6 +28,7 @@ from fedreg_app.training import (
     only_trainable,
     train_epochs,
 )
+from fedreg_app.registry import load_config
 
 CPU = torch.device("cpu")
 
@@ -72,8 +72,8 @@ CLIENT_PROCESS = textwrap.dedent(
     from pathlib import Path
     from flwr.app import RecordDict
     from clients.base import ClientSetup
-    from fedreg_app.data import ClientData, DatasetInfo, TensorData
-    from fedreg_app.models import BASE, HEAD_G, build_model
+    from fedreg_app.core.data import ClientData, DatasetInfo, TensorData
+    from fedreg_app.core.models import BASE, HEAD_G, build_model
     from fedreg_app.registry import get_algorithm, load_config
     algo, cache = sys.argv[1], Path(sys.argv[2])
     g = torch.Generator().manual_seed(0)
@@ -186,7 +186,7 @@ def device_flags_after(calls: str, env: dict[str, str] | None = None) -> dict:
     """The determinism flags of a fresh process after ``calls`` (global state: run apart)."""
     script = textwrap.dedent(f"""
         import json, os, torch
-        from fedreg_app.training import select_device
+        from fedreg_app.core.training import select_device
         {calls}
         print(json.dumps({{
             "deterministic": torch.are_deterministic_algorithms_enabled(),

@@ -12,7 +12,7 @@ from flwr.app import Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import server_app
-from fedreg_app.partition_map import PartitionMap
+from fedreg_app.core.partition_map import PartitionMap
 
 
 @pytest.fixture(autouse=True)

@@ -68,7 +68,7 @@ def option(
     type is the key's type), what is allowed (for the error) and the check itself; ``doc``
     says what it does and ``source`` where its default comes from (a paper's section,
     PFLlib's file, "our choice"). docs/configuration.md's tables are made from these
-    (``python -m fedreg_app.config_doc``)."""
+    (``python -m fedreg_tools.config_doc``)."""
     return dataclasses.field(
         default=default,
         metadata={"key": key, "allowed": allowed, "valid": valid, "doc": doc, "source": source},

@@ -2,7 +2,7 @@
 
 ``results.json`` keeps the whole run config as it ran (``config``) and the number of
 clients (``run.num_clients``). ``fedreg-replay`` runs that config again, through the same
-machinery as ``fedreg-experiment`` (a :class:`~fedreg_app.launcher.LocalSuperLink` we own,
+machinery as ``fedreg-experiment`` (a :class:`~fedreg_tools.launcher.LocalSuperLink` we own,
 ``flwr run`` in Flower's simulation), into a fresh results folder and client state folder,
 and stops it (by PID, with everything it started) as soon as round N is checkpointed. The
 run is not shortened: ``num-server-rounds`` stays as recorded, because schedules depend on
@@ -37,11 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.checkpoint import committed_round
-from fedreg_app.config import EARLIER_MEANING, ConfigError, as_ran
-from fedreg_app.environment import client_devices, describe_environment, environment_note
-from fedreg_app.experiments import Stop, stop_on_signals, write_run_config
-from fedreg_app.launcher import (
+from fedreg_app.core.checkpoint import committed_round
+from fedreg_app.core.config import EARLIER_MEANING, ConfigError, as_ran
+from fedreg_app.core.environment import client_devices, describe_environment, environment_note
+from fedreg_app.core.metrics import INIT_MODEL_SHA256, first_line, record_problem, status_problem
+from fedreg_tools.experiments import Stop, stop_on_signals, write_run_config
+from fedreg_tools.launcher import (
     ONE_CPU,
     SUPERLINK_HOME,
     ClientResources,
@@ -49,9 +50,8 @@ from fedreg_app.launcher import (
     add_resource_arguments,
     resources_of,
 )
-from fedreg_app.metrics import INIT_MODEL_SHA256, first_line, record_problem, status_problem
-from fedreg_app.overrides import check_declared, declared_run_config, parse_overrides
-from fedreg_app.reports import placement_problem, read_sealed, seal_problem
+from fedreg_tools.overrides import check_declared, declared_run_config, parse_overrides
+from fedreg_tools.reports import placement_problem, read_sealed, seal_problem
 
 #: Per-round fields compared; the accuracies are fractions in [0, 1] (or None).
 ACCURACIES = (
@@ -387,7 +387,7 @@ def attempt_environments(recording: Recording) -> list[dict[str, Any]]:
 
 
 #: What a client's reply says of where it ran (``client_hosts``), against the keys of
-#: :func:`~fedreg_app.environment.describe_environment` it corresponds to.
+#: :func:`~fedreg_app.core.environment.describe_environment` it corresponds to.
 CLIENT_NUMERIC_KEYS = {"torch": "torch", "cpu-capability": "cpu_capability"}
 
 

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from fedreg_app.config import ConfigError
-from fedreg_app.data import TensorData, normalise
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import TensorData, normalise
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 #: Evaluation batch size, overriding the default (an integer >= ``MIN_EVAL_BATCH``).

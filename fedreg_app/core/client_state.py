@@ -48,7 +48,7 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, RecordDict
 
-from fedreg_app.persist import (
+from fedreg_app.core.persist import (
     READ_ERRORS,
     file_sha256,
     fsync_folder,
@@ -57,7 +57,7 @@ from fedreg_app.persist import (
     save_arrays,
     write_text_atomic,
 )
-from fedreg_app.records import from_record, to_record
+from fedreg_app.core.records import from_record, to_record
 
 logger = logging.getLogger(__name__)
 

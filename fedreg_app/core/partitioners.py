@@ -33,7 +33,7 @@ from datasets import Dataset
 from flwr.common import log
 from flwr_datasets.partitioner import DirichletPartitioner, Partitioner
 
-from fedreg_app import seeds
+from fedreg_app.core import seeds
 
 #: How flwr-datasets' ``DirichletPartitioner`` begins the warning it gives for every draw
 #: that leaves a client below ``min_partition_size`` (before it draws again).
@@ -51,7 +51,7 @@ class RedrawingDirichletPartitioner(DirichletPartitioner):
     that partitions (the ServerApp and each ClientApp process), says nothing the user can
     act on. The number of redraws is kept in :attr:`redraws` and logged at DEBUG level.
     When all 11 draws fail, the partitioner's ``ValueError`` is raised as before, and
-    :func:`fedreg_app.data.client_splits` turns it into a ``ConfigError`` naming ``alpha``
+    :func:`fedreg_app.core.data.client_splits` turns it into a ``ConfigError`` naming ``alpha``
     and ``min-partition-size``. Other warnings pass through."""
 
     redraws = 0

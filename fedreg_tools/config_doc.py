@@ -2,14 +2,14 @@
 
 Every run-config key is declared once in the code, with its default, what is allowed,
 what it does and where its default comes from: the keys every algorithm shares as
-:class:`~fedreg_app.config.RunConfig` fields (:func:`~fedreg_app.config.core_key`), each
-algorithm's own on its options type (:func:`~fedreg_app.config.option`). This module
+:class:`~fedreg_app.core.config.RunConfig` fields (:func:`~fedreg_app.core.config.core_key`), each
+algorithm's own on its options type (:func:`~fedreg_app.core.config.option`). This module
 renders them as Markdown and writes them between ``<!-- keys:begin -->`` and
 ``<!-- keys:end -->`` in ``docs/configuration.md``; the rest of the page is written by
 hand::
 
-    python -m fedreg_app.config_doc            # rewrite the page's tables
-    python -m fedreg_app.config_doc --check    # exit 1 if the page differs from the code
+    python -m fedreg_tools.config_doc            # rewrite the page's tables
+    python -m fedreg_tools.config_doc --check    # exit 1 if the page differs from the code
 
 It imports the registry for the algorithms' options types, and with it PyTorch.
 """
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.config import AlgorithmOptions, RunConfig
+from fedreg_app.core.config import AlgorithmOptions, RunConfig
 
 BEGIN = "<!-- keys:begin -->"
 END = "<!-- keys:end -->"
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
-UPDATE = "python -m fedreg_app.config_doc"
+UPDATE = "python -m fedreg_tools.config_doc"
 HEADER = "| key | default | allowed | meaning | source of the default |\n|---|---|---|---|---|"
 
 

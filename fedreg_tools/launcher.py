@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from fedreg_app.persist import FolderInUseError
+from fedreg_app.core.persist import FolderInUseError
 
 PROJECT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -193,7 +193,7 @@ def watchdog(owner: int, superlink: int) -> None:
 
 def start_watchdog(superlink: int) -> subprocess.Popen:
     """A process that stops ``superlink``'s tree if this process dies first."""
-    code = f"from fedreg_app.launcher import watchdog; watchdog({os.getpid()}, {superlink})"
+    code = f"from fedreg_tools.launcher import watchdog; watchdog({os.getpid()}, {superlink})"
     quiet = subprocess.DEVNULL  # a pipe on the owner's output would wait for it to end
     return subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT, start_new_session=True,
                             stdin=quiet, stdout=quiet, stderr=quiet)  # fmt: skip

@@ -15,11 +15,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from fedreg_app.config import ConfigError
+from fedreg_app.core.config import ConfigError
 
 
 class RoundRecord(Protocol):
-    """What is read of ``fedreg_app.metrics.RoundRecord`` (which imports this module):
+    """What is read of ``fedreg_app.core.metrics.RoundRecord`` (which imports this module):
     its round and the fields named in ``SCALARS``."""
 
     round: int

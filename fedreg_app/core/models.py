@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.data import IMAGE, TEXT, DatasetInfo
-from fedreg_app.persist import load_arrays
+from fedreg_app.core.config import ConfigError, RunConfig
+from fedreg_app.core.data import IMAGE, TEXT, DatasetInfo
+from fedreg_app.core.persist import load_arrays
 
 BASE = "base"
 HEAD_G = "head_g"

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from fedreg_app.config import (
+from fedreg_app.core.config import (
     PLACE_KEYS,
     ConfigError,
     RunConfig,
@@ -46,7 +46,7 @@ from fedreg_app.config import (
     is_count,
     is_whole,
 )
-from fedreg_app.persist import (
+from fedreg_app.core.persist import (
     READ_ERRORS,
     file_sha256,
     fsync_folder,
@@ -63,10 +63,10 @@ MODEL, STRATEGY = "model.npz", "strategy.npz"
 FORMAT = 2
 #: Round folders: ``round-000005``, or ``round-000005-2`` when that name is taken.
 ROUND_FOLDER = re.compile(r"round-\d{6,}(-\d+)?")
-#: A content digest as :func:`~fedreg_app.data.tensors_digest` writes it.
+#: A content digest as :func:`~fedreg_app.core.data.tensors_digest` writes it.
 SHA256 = re.compile(r"[0-9a-f]{64}")
 #: How the digests are computed; a checkpoint's digests of another scheme are not
-#: compared (bump it when :func:`~fedreg_app.data.tensors_digest` changes).
+#: compared (bump it when :func:`~fedreg_app.core.data.tensors_digest` changes).
 DIGEST_SCHEME = 1
 #: Run-config keys a resumed run may change; every other key must match the checkpoint.
 RESUMABLE_CHANGES = PLACE_KEYS | {"num-server-rounds", "eval-every"}

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fedreg_app.launcher import (
+from fedreg_tools.launcher import (
     BIN,
     DATABASE,
     PROJECT,

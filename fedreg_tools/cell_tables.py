@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from fedreg_app.round_tables import GLOBAL, RunResult, personal_metric
+from fedreg_tools.round_tables import GLOBAL, RunResult, personal_metric
 
 #: Rounds averaged for the "last rounds" figure (as ``fedreg-report``'s run table).
 LAST_ROUNDS = 10

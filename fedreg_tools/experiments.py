@@ -66,8 +66,8 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fedreg_app.checkpoint import Checkpoint, committed_round, state_path
-from fedreg_app.config import (
+from fedreg_app.core.checkpoint import Checkpoint, committed_round, state_path
+from fedreg_app.core.config import (
     INPUT_PATH_KEYS,
     MAX_SEED,
     ConfigError,
@@ -75,18 +75,8 @@ from fedreg_app.config import (
     is_count,
     setting_differences,
 )
-from fedreg_app.launcher import (
-    ONE_CPU,
-    SUPERLINK_HOME,
-    ClientResources,
-    LocalSuperLink,
-    add_resource_arguments,
-    resources_of,
-    toml_value,
-)
-from fedreg_app.metrics import FAILED, first_line, kept_rounds_problem, mark_stopped
-from fedreg_app.overrides import check_declared, declared_overrides, declared_run_config
-from fedreg_app.persist import (
+from fedreg_app.core.metrics import FAILED, first_line, kept_rounds_problem, mark_stopped
+from fedreg_app.core.persist import (
     RUN_FOLDER_LOCK,
     FolderInUseError,
     UnsafeLockError,
@@ -95,8 +85,18 @@ from fedreg_app.persist import (
     release_folder,
     save_json,
 )
-from fedreg_app.protocol import STATE_KEY_PATTERN
-from fedreg_app.reports import (
+from fedreg_app.core.protocol import STATE_KEY_PATTERN
+from fedreg_tools.launcher import (
+    ONE_CPU,
+    SUPERLINK_HOME,
+    ClientResources,
+    LocalSuperLink,
+    add_resource_arguments,
+    resources_of,
+    toml_value,
+)
+from fedreg_tools.overrides import check_declared, declared_overrides, declared_run_config
+from fedreg_tools.reports import (
     DEGRADED,
     FINISHED,
     INVALID,
@@ -120,9 +120,9 @@ from fedreg_app.reports import (
 )
 
 if TYPE_CHECKING:
-    from fedreg_app.data import PartitionKey
+    from fedreg_app.core.data import PartitionKey
 
-# The data (fedreg_app.data) and the algorithms (fedreg_app.registry) bring torch: they
+# The data (fedreg_app.core.data) and the algorithms (fedreg_app.registry) bring torch: they
 # are imported where they are used, so that `fedreg-experiment --help` answers at once.
 
 EXPERIMENT_TABLE = "experiment"
@@ -722,7 +722,7 @@ def data_change(checkpoint: Checkpoint, config: RunConfig) -> str | None:
     recorded = checkpoint.clients or {}
     if not recorded.get("split_sizes"):  # an earlier version's (a reference's, before 0.3.0)
         return None
-    from fedreg_app.data import PartitionKey, federated_dataset, split_digests, split_sizes
+    from fedreg_app.core.data import PartitionKey, federated_dataset, split_digests, split_sizes
 
     num_clients = recorded["num_clients"]
     key = PartitionKey.from_config(config, num_clients)
@@ -1222,7 +1222,7 @@ class Session:
         """A new run's folder, once the ServerApp has made it: the one named by the run id
         ``flwr run`` printed, where it printed one, so that a folder another run makes in
         the seed's folder meanwhile (a run an earlier SuperLink left pending, before
-        :func:`~fedreg_app.launcher.forget_earlier_runs`) is never taken for this run's."""
+        :func:`~fedreg_tools.launcher.forget_earlier_runs`) is never taken for this run's."""
         if self.spec is None or self.confirmed:
             return
         new = [f for f in self.spec.run_folders() if f not in self.before]

@@ -42,9 +42,9 @@ from functools import cache
 
 import numpy as np
 
-from fedreg_app.config import ConfigError, RunConfig
-from fedreg_app.models import group_of
-from fedreg_app.seeds import rng
+from fedreg_app.core.config import ConfigError, RunConfig
+from fedreg_app.core.models import group_of
+from fedreg_app.core.seeds import rng
 
 Arrays = Mapping[str, np.ndarray]
 

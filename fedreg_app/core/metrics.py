@@ -15,7 +15,7 @@ client), ``personal_accuracy_sampled`` is the same figure over the clients that 
 trained at least once so far (``clients_trained`` of them; see ``strategies/base.py``).
 
 With ``tensorboard = true`` the same rounds also go to TensorBoard event files in the run
-folder (``fedreg_app/tensorboard_log.py``).
+folder (``fedreg_app/core/tensorboard_log.py``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.config import is_count, is_whole
-from fedreg_app.persist import json_text, write_text_atomic
-from fedreg_app.tensorboard_log import TensorBoardLog
+from fedreg_app.core.config import is_count, is_whole
+from fedreg_app.core.persist import json_text, write_text_atomic
+from fedreg_app.core.tensorboard_log import TensorBoardLog
 
 CSV_COLUMNS = (
     "round",

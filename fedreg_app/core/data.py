@@ -34,8 +34,8 @@ import torch
 from flwr.common import log
 from PIL import Image
 
-from fedreg_app.config import SECOND_SPLITS, ConfigError, RunConfig, check_dataset_path
-from fedreg_app.persist import (
+from fedreg_app.core.config import SECOND_SPLITS, ConfigError, RunConfig, check_dataset_path
+from fedreg_app.core.persist import (
     digest,
     load_checked_arrays,
     load_json,
@@ -311,16 +311,16 @@ def partitioner_for(key: PartitionKey):
     arguments and draws, less its warning per redraw (``RedrawingDirichletPartitioner``)."""
     from flwr_datasets.partitioner import PathologicalPartitioner
 
-    from fedreg_app.partitioners import RedrawingDirichletPartitioner
+    from fedreg_app.core.partitioners import RedrawingDirichletPartitioner
 
     if key.partition == "natural":
-        from fedreg_app.partitioners import NaturalIdSubsetPartitioner
+        from fedreg_app.core.partitioners import NaturalIdSubsetPartitioner
 
         return NaturalIdSubsetPartitioner(
             key.num_partitions, NATURAL_ID, key.min_partition_size, key.seed
         )
     if key.partition == "dirichlet-topup":
-        from fedreg_app.partitioners import TopUpDirichletPartitioner
+        from fedreg_app.core.partitioners import TopUpDirichletPartitioner
 
         return TopUpDirichletPartitioner(
             key.num_partitions, "label", key.alpha, key.min_partition_size, key.seed,
@@ -532,7 +532,7 @@ def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
         raise ConfigError(
             f"partition-id={partition_id} is not allowed: expected 0..{key.num_partitions - 1}"
         )
-    from fedreg_app.partitioners import MAX_DIRICHLET_DRAWS
+    from fedreg_app.core.partitioners import MAX_DIRICHLET_DRAWS
 
     fds = federated_dataset(key)
     try:

@@ -2,7 +2,7 @@
 the app declares in ``[tool.flwr.app.config]``.
 
 Shared by ``fedreg-experiment`` and ``fedreg-report``; it sits below both (it imports only
-:mod:`fedreg_app.config`) so that neither tool has to import the other for it. A key the
+:mod:`fedreg_app.core.config`) so that neither tool has to import the other for it. A key the
 app does not declare is refused here, with the closest declared keys, because ``flwr run``
 would refuse it later with a less helpful message.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.config import ConfigError, unknown_key_message
+from fedreg_app.core.config import ConfigError, unknown_key_message
 
 #: The project folder (the one holding pyproject.toml), computed here rather than taken
 #: from the launcher so that this module stays free of process-management imports.

@@ -59,9 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from fedreg_app.cell_tables import cells_table
-from fedreg_app.checkpoint import RESUMABLE_CHANGES, Seal, read_seal
-from fedreg_app.config import (
+from fedreg_app.core.checkpoint import RESUMABLE_CHANGES, Seal, read_seal
+from fedreg_app.core.config import (
     EARLIER_MEANING,
     PLACE_KEYS,
     ConfigError,
@@ -70,8 +69,8 @@ from fedreg_app.config import (
     is_whole,
     setting_differences,
 )
-from fedreg_app.environment import client_devices
-from fedreg_app.metrics import (
+from fedreg_app.core.environment import client_devices
+from fedreg_app.core.metrics import (
     COMPLETED,
     DEGRADED,
     FAILED,
@@ -83,9 +82,10 @@ from fedreg_app.metrics import (
     record_problem,
     status_problem,
 )
-from fedreg_app.overrides import declared_overrides, declared_run_config
-from fedreg_app.persist import RUN_FOLDER_LOCK, folder_holder
-from fedreg_app.round_tables import GLOBAL, personal_metric, rounds_report
+from fedreg_app.core.persist import RUN_FOLDER_LOCK, folder_holder
+from fedreg_tools.cell_tables import cells_table
+from fedreg_tools.overrides import declared_overrides, declared_run_config
+from fedreg_tools.round_tables import GLOBAL, personal_metric, rounds_report
 
 # torch, the data and the algorithms (fedreg_app.registry), and matplotlib are imported
 # where they are used: `fedreg-report --help` and a wrong argument answer at once.
@@ -1435,7 +1435,7 @@ def class_distribution_report(
     import torch
 
     from clients.rebalance import class_threshold
-    from fedreg_app.data import PartitionKey, client_splits, federated_dataset
+    from fedreg_app.core.data import PartitionKey, client_splits, federated_dataset
     from fedreg_app.registry import load_config
 
     config = load_config(run_config)
