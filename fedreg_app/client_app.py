@@ -464,9 +464,13 @@ def reply_keys(setup: ClientSetup, server_round: int) -> set[str]:
 def reply_view(
     config: RunConfig, info: DatasetInfo
 ) -> tuple[PersonalizedStrategy, dict[str, np.ndarray]]:
-    """The strategy and the server's initial model entries, built once per process and
-    run (not per training message): only the entries' names are read from them."""
-    strategy, model = server_view(config, info)
+    """The run's strategy and the server's initial model entries, built once per process
+    and run (not per training message), for local DP's reference: only the entries'
+    names are read from them (which entries a reply carries can depend on the strategy's
+    round schedule, FedSeq's layers)."""
+    strategy = get_algorithm(config.algo).strategy(config)
+    model = server_model(config, info)
+    strategy.prepare_model(model)
     return strategy, {key: value.numpy() for key, value in model.state_dict().items()}
 
 
@@ -487,19 +491,20 @@ def evaluate_work(
 
 
 def global_model_parts(setup: ClientSetup, arrays: dict) -> ModelParts:
-    """The global model, built exactly as the server's strategy builds it (the same
-    code: e.g. GPFL's head on the valve conditioned by the mean condition)."""
-    strategy, model = server_view(setup.config, setup.info)
-    return strategy.global_parts(model.to(select_device(setup.config.device)), arrays)
+    """The global model, built exactly as the server's strategy builds it, by the same
+    class-level code and without a strategy (e.g. GPFL's head on the valve conditioned by
+    the mean condition)."""
+    strategy = get_algorithm(setup.config.algo).strategy
+    model = server_model(setup.config, setup.info)
+    return strategy.global_parts(setup.config, model.to(select_device(setup.config.device)), arrays)
 
 
-def server_view(config: RunConfig, info: DatasetInfo) -> tuple[PersonalizedStrategy, SplitModel]:
-    """The run's strategy and the server's model (its initial weights, on the CPU), built
-    by the same code as on the server."""
-    strategy = get_algorithm(config.algo).strategy(config)
+def server_model(config: RunConfig, info: DatasetInfo) -> SplitModel:
+    """The server's model (its initial weights, on the CPU), built by the same code as
+    on the server."""
     model = initial_model(info, config)
-    strategy.prepare_model(model)
-    return strategy, model
+    get_algorithm(config.algo).strategy.add_modules(config, model)
+    return model
 
 
 @app.train()

@@ -12,7 +12,6 @@ how it went (``completed``, ``degraded``, ``failed``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
@@ -25,7 +24,7 @@ from typing import IO, Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -67,213 +66,37 @@ from fedreg_app.core.protocol import (
     HOST_KEYS,
     HOST_VALUE_CHARS,
     METRICS,
-    NUM_PARTITIONS,
     NUM_PROCESSED,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
-    QUERY,
-    STATE_ON_DISK,
     STATE_RESETS,
-    WEIGHTS_QUERY,
 )
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.tensorboard_log import require_tensorboard
 from fedreg_app.core.training import count_correct, eval_batch_size, select_device
+from fedreg_app.nodes import (
+    NodeFacts,
+    RunFailedError,
+    discover_partitions,
+    exchange,
+    query_weights,
+    wait_for_clients,
+)
 from fedreg_app.registry import get_algorithm, load_config
-from strategies.base import PersonalizedStrategy, reply_metrics_problem
-
-DISCOVERY_TIMEOUT_S = 600.0
-#: While discovery waits: how often it says which partitions have no node yet, and how
-#: long a node that gave no usable answer waits before it is asked again.
-DISCOVERY_NOTE_S = 30.0
-QUERY_RETRY_S = 30.0
+from strategies.base import PersonalizedStrategy
+from strategies.privacy import DifferentialPrivacy, check_privacy_allowed
+from strategies.replies import RunFacts
 
 app = ServerApp()
 
 
-class RunFailedError(RuntimeError):
-    """The run cannot go on (e.g. no client's reply in a phase was usable)."""
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What a node says of itself in answer to a query."""
-
-    partition_id: int
-    num_partitions: int
-    state_on_disk: bool
-
-
-def query_nodes(
-    grid: Grid, nodes: list[int], failures: dict[int, str] | None = None
-) -> dict[int, NodeFacts]:
-    """Ask nodes which partition they serve. A node that fails to answer, or answers
-    nonsense, is left out (it may have just gone away); ``failures`` gets why."""
-    failures = {} if failures is None else failures
-    if not nodes:
-        return {}
-    queries = [Message(RecordDict(), message_type=MessageType.QUERY, dst_node_id=n) for n in nodes]
-    answers = {}
-    for reply in exchange(grid, queries, timeout=60):
-        node = reply.metadata.src_node_id
-        if reply.has_error():
-            failures[node] = client_error(reply.error.reason)
-            log(WARNING, "node %d did not answer: %s", node, failures[node])
-            continue
-        try:
-            metrics = reply.content[METRICS]
-            facts = NodeFacts(int(metrics[PARTITION_ID]), int(metrics[NUM_PARTITIONS]),
-                              bool(metrics.get(STATE_ON_DISK, 0)))  # fmt: skip
-        except (KeyError, TypeError, ValueError, OverflowError) as err:  # int(inf): Overflow
-            failures[node] = f"an answer without usable facts ({err})"
-            log(WARNING, "node %d answered the query without usable facts: %s", node, err)
-            continue
-        if not 0 <= facts.partition_id < facts.num_partitions:
-            failures[node] = f"claims partition {facts.partition_id} of {facts.num_partitions}"
-            log(WARNING, "node %d claims partition %d of %d; ignored", node,
-                facts.partition_id, facts.num_partitions)  # fmt: skip
-            continue
-        answers[node] = facts
-        failures.pop(node, None)
-    return answers
-
-
-def query_weights(
-    grid: Grid, partitions: PartitionMap, strategy: PersonalizedStrategy
-) -> dict[int, dict[str, float]]:
-    """Central DP: every partition's aggregation weights, declared before the first round
-    (the fixed denominators need all of them; a reply later claiming others is refused)."""
-    needed = sorted(set(strategy.group_weights.values()))
-    config = ConfigRecord({WEIGHTS_QUERY: 1})
-    queries = [Message(RecordDict({QUERY: config}), message_type=MessageType.QUERY,
-                       dst_node_id=partitions.node_of(pid))
-               for pid in partitions.available()]  # fmt: skip
-    weights: dict[int, dict[str, float]] = {}
-    asked = {partitions.node_of(pid): pid for pid in partitions.available()}
-    for reply in exchange(grid, queries, timeout=600):
-        pid = asked.get(reply.metadata.src_node_id)  # the partition asked, not the one said
-        if reply.has_error() or pid is None or METRICS not in reply.content.metric_records:
-            continue
-        metrics = reply.content[METRICS]
-        if not reply_metrics_problem(metrics, pid, needed) and not strategy.weights_problem(
-            pid, metrics
-        ):
-            weights[pid] = {key: float(metrics[key]) for key in needed}
-    missing = sorted(set(range(partitions.num_partitions)) - set(weights))
-    if missing:
-        raise RunFailedError(
-            f"dp-mode='central': partitions {missing[:10]} did not declare their aggregation "
-            f"weights ({', '.join(needed)}); every client's are needed"
-        )
-    return weights
-
-
-def discover_partitions(
-    grid: Grid, timeout: float | None = None
-) -> tuple[PartitionMap, dict[int, NodeFacts]]:
-    """Ask every connected node which partition it serves; wait until all partitions
-    have a node. Returns the map and each node's facts. While it waits it says which
-    partitions still have none (every :data:`DISCOVERY_NOTE_S`); a node that gave no
-    usable answer is asked again only after :data:`QUERY_RETRY_S` (each query starts a
-    ClientApp on it, and its error would fill the log every second). A timeout names
-    the nodes that answered nothing usable and why (a device's missing dataset copy)."""
-    timeout = DISCOVERY_TIMEOUT_S if timeout is None else timeout
-    partitions: PartitionMap | None = None
-    facts: dict[int, NodeFacts] = {}
-    unanswered: dict[int, float] = {}  # node -> when it last gave no usable answer
-    failures: dict[int, str] = {}  # node -> why, for the timeout's message
-    started = time.monotonic()
-    deadline, next_note = started + timeout, started + DISCOVERY_NOTE_S
-    while True:
-        new_nodes = [n for n in grid.get_node_ids() if n not in facts]
-        for node, answer in query_due_nodes(grid, new_nodes, unanswered, failures).items():
-            if partitions is None:
-                partitions = PartitionMap(answer.num_partitions)
-            if answer.num_partitions != partitions.num_partitions:
-                raise ConfigError(
-                    f"nodes disagree on num-partitions: {partitions.num_partitions} and "
-                    f"{answer.num_partitions}"
-                )
-            note_replaced(answer.partition_id, node, partitions.assign(answer.partition_id, node))
-            facts[node] = answer
-        if partitions is not None and len(partitions) >= partitions.num_partitions:
-            partitions.unanswered.update(unanswered)  # refresh_partitions goes on from it
-            return partitions, facts
-        if time.monotonic() > deadline:
-            found = partitions.available() if partitions else []
-            raise TimeoutError(f"after {timeout:.0f}s only partitions {found} have a node"
-                               + unusable_nodes(failures, grid.get_node_ids()))  # fmt: skip
-        if time.monotonic() >= next_note:
-            have = partitions.available() if partitions else []
-            missing = (sorted(set(range(partitions.num_partitions)) - set(have))
-                       if partitions else "all (no node has answered yet)")  # fmt: skip
-            log(INFO, "waiting for the nodes of partitions %s (%d have one; %.0fs left)",
-                missing, len(have), deadline - time.monotonic())  # fmt: skip
-            next_note = time.monotonic() + DISCOVERY_NOTE_S
-        time.sleep(1.0)
-
-
-def unusable_nodes(failures: dict[int, str], live: Iterable[int]) -> str:
-    """``; nodes without a usable answer: node 7: why; nodes 8, 9: why`` for the nodes
-    still connected, alike reasons grouped (every device missing one path)."""
-    by_reason: dict[str, list[int]] = {}
-    for node in sorted(set(failures) & set(live)):
-        by_reason.setdefault(failures[node], []).append(node)
-    if not by_reason:
-        return ""
-    named = [f"node{'s' * (len(nodes) > 1)} {', '.join(map(str, nodes[:5]))}"
-             f"{' ...' * (len(nodes) > 5)}: {why}" for why, nodes in by_reason.items()]  # fmt: skip
-    return "; nodes without a usable answer: " + "; ".join(named[:5])
-
-
-def query_due_nodes(
-    grid: Grid, nodes: Iterable[int], unanswered: dict[int, float],
-    failures: dict[int, str] | None = None,
-) -> dict[int, NodeFacts]:  # fmt: skip
-    """:func:`query_nodes` for those of ``nodes`` that did not fail a query within the
-    last :data:`QUERY_RETRY_S` seconds (``unanswered``: node -> when, updated here)."""
-    now = time.monotonic()
-    asked = sorted(n for n in nodes if now - unanswered.get(n, -math.inf) >= QUERY_RETRY_S)
-    answers = query_nodes(grid, asked, failures)
-    unanswered.update((n, now) for n in asked if n not in answers)
-    return answers
-
-
-def note_replaced(partition_id: int, node: int, replaced: int | None) -> None:
-    """A partition claimed by a second node: a restarted device before its old id
-    expired, or two nodes configured with one partition-id. The newer one serves it; if
-    it lacks the partition's private state, its next message counts the reset."""
-    if replaced is not None:
-        log(WARNING, "partition %d: node %d replaces node %d (a restarted device; if node %d "
-            "still runs, two nodes claim partition %d: stop one or give it its own "
-            "partition-id)", partition_id, node, replaced, replaced, partition_id)  # fmt: skip
-
-
-def refresh_partitions(grid: Grid, partitions: PartitionMap) -> None:
-    """Before a round: forget partitions whose node is gone, and map partitions of nodes
-    that (re)connected, so that sampling skips devices that dropped out and uses a device
-    again when it comes back (with a new node id)."""
-    live = set(grid.get_node_ids())
-    for pid, node in partitions.forget_gone(live):
-        log(WARNING, "partition %d: node %d is gone; skipped until it returns", pid, node)
-    new_nodes = live - partitions.known_nodes()
-    for node, answer in query_due_nodes(grid, new_nodes, partitions.unanswered).items():
-        if answer.num_partitions != partitions.num_partitions:
-            log(WARNING, "node %d serves 1 of %d partitions, not of %d; ignored", node,
-                answer.num_partitions, partitions.num_partitions)  # fmt: skip
-            partitions.retire(node)
-            continue
-        note_replaced(answer.partition_id, node, partitions.assign(answer.partition_id, node))
-        log(INFO, "partition %d: served by node %d", answer.partition_id, node)
-
-
-def server_device(device: str, strategy: PersonalizedStrategy) -> torch.device:
+def server_device(device: str, evaluation: str) -> torch.device:
     """Where the ServerApp keeps its model: on the run's ``device`` only when the ServerApp
     computes with it (it evaluates the global model itself); else on the CPU, where the
     model only holds the arrays it aggregates. A GPU run's ServerApp then opens no CUDA
     context (0.54 GiB of an H200, measured) for a model it never runs. The values are
     the same on either device: the model is initialised on the CPU and copied."""
-    if strategy.global_evaluation == "server":
+    if evaluation == "server":
         return select_device(device)
     return torch.device("cpu")
 
@@ -300,25 +123,6 @@ def config_folder(config: RunConfig, run_id: int) -> Path:
     dataset = Path(config.dataset_path or config.dataset).name
     parts = (config.algo, dataset, f"a{config.alpha:g}", f"s{config.seed}")
     return run_folder(config.results_dir, parts, run_id)
-
-
-def wait_for_clients(
-    grid: Grid, partitions: PartitionMap, needed: int, timeout: float = DISCOVERY_TIMEOUT_S
-) -> None:
-    """Refresh the partition map; while fewer than ``needed`` partitions have a node (the
-    devices dropped out), wait for them instead of running rounds that cannot train. After
-    ``timeout`` the run stops; its checkpoint lets it resume."""
-    deadline = time.monotonic() + timeout
-    refresh_partitions(grid, partitions)
-    while len(partitions) < needed:
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"only {len(partitions)} clients connected for {timeout:.0f}s; "
-                f"min-train-replies={needed}. Resume from the checkpoint when devices are back"
-            )
-        log(WARNING, "%d clients connected, waiting for %d", len(partitions), needed)
-        time.sleep(5.0)
-        refresh_partitions(grid, partitions)
 
 
 def payload_bytes(messages: Iterable[Message]) -> int:
@@ -370,10 +174,6 @@ class Phase:
 
 ReplyCheck = Callable[[Message, int], str]
 
-#: Between two pulls of replies: short while replies arrive, backing off to the longest
-#: when none do. Flower's ``send_and_receive`` sleeps a fixed 3 s between pulls, which a
-#: deployed round paid once per phase (``benchmarks/deployment_vs_simulation.py``).
-PULL_INTERVAL_S = (0.1, 1.0)
 #: The run folder this process holds, released when ``main`` ends however it ends.
 _held: list[IO[str]] = []
 
@@ -386,27 +186,6 @@ def hold_run_folder(folder: Path, run_id: int) -> None:
     _held.append(
         hold_folder(folder, RUN_FOLDER_LOCK, f"a ServerApp (PID {os.getpid()}, run {run_id})")
     )
-
-
-def exchange(grid: Grid, messages: list[Message], timeout: float = 0.0) -> list[Message]:
-    """Push the messages and pull their replies as they arrive, until every message is
-    answered or ``timeout`` seconds (when > 0) have passed. A message the SuperLink did not
-    accept (its id comes back empty) gets no reply; the caller counts it as a failure."""
-    pending = {message_id for message_id in grid.push_messages(messages) if message_id}
-    deadline = time.monotonic() + timeout if timeout > 0 else float("inf")
-    shortest, longest = PULL_INTERVAL_S
-    interval = shortest
-    replies: list[Message] = []
-    while pending:
-        arrived = list(grid.pull_messages(pending))
-        replies.extend(arrived)
-        pending -= {reply.metadata.reply_to_message_id for reply in arrived}
-        left = deadline - time.monotonic()
-        if not pending or left <= 0:
-            break
-        interval = shortest if arrived else min(longest, interval * 1.5)
-        time.sleep(min(interval, left))
-    return replies
 
 
 def run_phase(
@@ -719,7 +498,9 @@ def round_record(
         personal_coverage=covered,
         personal_accuracy_sampled=sampled_accuracy(personal, strategy.trained_partitions),
         clients_trained=len(strategy.trained_partitions),
-        dp_epsilon=strategy.privacy_epsilon(),
+        dp_epsilon=(
+            strategy.privacy_epsilon() if isinstance(strategy, DifferentialPrivacy) else None
+        ),  # fmt: skip
         client_hosts=client_hosts(training.accepted),
         state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
         global_model_kept=training.model_kept and strategy.has_global_model,
@@ -816,15 +597,15 @@ class RunSetup:
 
 
 def check_federation(
-    config: RunConfig, strategy: PersonalizedStrategy, facts: dict[int, NodeFacts],
-    keeps_client_state: bool,
+    config: RunConfig, strategy: type[PersonalizedStrategy], facts: dict[int, NodeFacts],
+    num_partitions: int, keeps_client_state: bool,
 ) -> None:  # fmt: skip
     """Settings that can only be checked once the clients are known, before any work."""
-    per_round = strategy.clients_per_round()
+    per_round = strategy.clients_per_round(config, num_partitions)
     if config.min_train_replies > per_round:
         raise ConfigError(
             f"min-train-replies={config.min_train_replies} is not allowed: expected at most "
-            f"{per_round}, the clients sampled per round ({strategy.num_partitions} clients x "
+            f"{per_round}, the clients sampled per round ({num_partitions} clients x "
             f"fraction-train={config.fraction_train:g})"
         )
     without_disk = sorted(f.partition_id for f in facts.values() if not f.state_on_disk)
@@ -837,7 +618,8 @@ def check_federation(
 
 
 def start_run(grid: Grid, context: Context) -> RunSetup:
-    """Validate, find the clients, load the data and the model, or the checkpoint."""
+    """Validate, find the clients, load the data and the model, or the checkpoint; then
+    build the strategy with what is known of the run (its :class:`RunFacts`)."""
     refuse_relative_paths(context.run_config)  # read here, they would name another folder
     config = load_config(context.run_config)  # fails fast on bad input
     eval_batch_size(torch.device("cpu"))  # fails fast on a bad FEDREG_EVAL_BATCH
@@ -846,7 +628,9 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     if config.private:
         require_accounting()
     algorithm = get_algorithm(config.algo)
-    strategy = algorithm.strategy(config)
+    algorithm.strategy.check_config(config)
+    check_privacy_allowed(config, algorithm.strategy)
+    evaluation = algorithm.strategy.evaluation_of(config)
     checkpoint, resumed_folder = None, None
     if config.resume:
         checkpoint, resumed_folder = Checkpoint.load(Path(config.resume))
@@ -856,31 +640,35 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         checkpoint.check_compatible(config, algorithm.resume_fixed)
         if algorithm.client.keeps_state(config):
             check_state_key(checkpoint.state_key, resumed_folder)
-    partitions, facts = discover_partitions(grid)
+    partitions, node_facts = discover_partitions(grid)
     if checkpoint is not None:  # first of all: as many clients as the checkpoint's run
         checkpoint.clients = checkpoint.clients or recorded_clients(resumed_folder)
         checkpoint.check_clients(partitions.num_partitions)
-    strategy.set_partitions(partitions)
-    check_federation(config, strategy, facts, algorithm.client.keeps_state(config))
+    check_federation(config, algorithm.strategy, node_facts, partitions.num_partitions,
+                     algorithm.client.keeps_state(config))  # fmt: skip
     key = PartitionKey.from_config(config, partitions.num_partitions)
     info = load_info(key)
-    strategy.split_sizes = split_sizes(key)  # one partitioning, references' too
+    sizes = split_sizes(key)  # one partitioning, references' too
     if checkpoint is not None:  # before any training (and any decoding): the same sizes
-        checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes)
-    digests, unions = digests_and_unions(key, strategy.server_splits())  # one decoding
-    strategy.split_digests = digests
-    strategy.keep_server_splits(unions)
-    if config.init_model:  # every node's copy must be this file (its replies name theirs)
-        strategy.init_model_digest = file_sha256(Path(config.init_model).expanduser())
+        checkpoint.check_clients(partitions.num_partitions, sizes)
+    digests, unions = digests_and_unions(key, algorithm.strategy.server_splits(config))
+    # every node's copy of init-model must be this file (its replies name theirs)
+    init_digest = file_sha256(Path(config.init_model).expanduser()) if config.init_model else None
     if checkpoint is not None:  # and the same samples
-        checkpoint.check_clients(partitions.num_partitions, strategy.split_sizes, digests)
-        if not checkpoint.compares_digests:  # its first rounds' data were not digested
-            digests = {}  # (an earlier version's run, or another scheme's): no data_digest
-    if config.dp_mode == "central":  # after split_sizes: the declarations are checked
-        strategy.set_population_weights(query_weights(grid, partitions, strategy))
+        checkpoint.check_clients(partitions.num_partitions, sizes, digests)
+    folder = None if checkpoint is not None else config_folder(config, context.run_id)
+    state_key = checkpoint.state_key if checkpoint is not None else folder.name
+    strategy = algorithm.strategy(config, RunFacts(sizes, digests, init_digest, state_key))
+    if checkpoint is not None and not checkpoint.compares_digests:
+        digests = {}  # its first rounds' data were not digested (an earlier version's run)
+    strategy.set_partitions(partitions)
+    strategy.keep_server_splits(unions)
+    if config.private:  # central DP: every partition's declared weights, checked
+        weights = query_weights(grid, partitions, strategy) if config.dp_mode == "central" else {}
+        strategy = DifferentialPrivacy(strategy, weights)
     test_set = unions.get("test")  # only where the ServerApp evaluates the global model
     federated_dataset.cache_clear()  # the ServerApp needs no more of the dataset than this
-    model = initial_model(info, config).to(server_device(config.device, strategy))
+    model = initial_model(info, config).to(server_device(config.device, evaluation))
     strategy.prepare_model(model)
     run_info = {
         "run_id": context.run_id,
@@ -888,16 +676,15 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         "num_clients": partitions.num_partitions,
         "num_classes": info.num_classes,
         "image_shape": [info.channels, info.height, info.width],
-        "global_evaluation": strategy.global_evaluation,
+        "global_evaluation": evaluation,
         "environment": describe_environment(),  # the simulation's clients share it
         **({"data_digest": data_digest(digests)} if digests else {}),
-        **({INIT_MODEL_SHA256: strategy.init_model_digest} if config.init_model else {}),
+        **({INIT_MODEL_SHA256: init_digest} if config.init_model else {}),
     }
     if checkpoint is None:
-        writer = ResultsWriter(config_folder(config, context.run_id), config.to_run_config(),
-                               run_info, tensorboard=config.tensorboard)  # fmt: skip
+        writer = ResultsWriter(folder, config.to_run_config(), run_info,
+                               tensorboard=config.tensorboard)  # fmt: skip
         hold_run_folder(writer.folder, context.run_id)
-        strategy.state_key = writer.folder.name
         arrays, first_round = to_record(model.group_state(BASE, HEAD_G, EXTRA)), 1
     else:
         writer = ResultsWriter.resume(resumed_folder, config.to_run_config(), run_info,
@@ -906,13 +693,12 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         strategy.load_state_dict(checkpoint.strategy_arrays, checkpoint.strategy_state)
         if "trained_partitions" not in checkpoint.strategy_state:  # an earlier version's
             strategy.note_trained(trained_in(writer.rounds))
-        strategy.state_key = checkpoint.state_key
         arrays, first_round = to_record(checkpoint.model), checkpoint.round + 1
         log(INFO, "resuming %s after round %d", writer.folder, checkpoint.round)
     log(INFO, "%s on %d clients; results in %s", config.algo, partitions.num_partitions,
         writer.folder)  # fmt: skip
     strategy.summary()
-    clients = clients_record(partitions.num_partitions, strategy.split_sizes, digests)
+    clients = clients_record(partitions.num_partitions, sizes, digests)
     return RunSetup(config, strategy, model, test_set, writer, arrays, first_round, clients)
 
 

@@ -41,7 +41,6 @@ from fedreg_app.core.checkpoint import committed_round
 from fedreg_app.core.config import EARLIER_MEANING, ConfigError, as_ran
 from fedreg_app.core.environment import client_devices, describe_environment, environment_note
 from fedreg_app.core.metrics import INIT_MODEL_SHA256, first_line, record_problem, status_problem
-from fedreg_tools.experiments import Stop, stop_on_signals, write_run_config
 from fedreg_tools.launcher import (
     ONE_CPU,
     SUPERLINK_HOME,
@@ -51,7 +50,9 @@ from fedreg_tools.launcher import (
     resources_of,
 )
 from fedreg_tools.overrides import check_declared, declared_run_config, parse_overrides
-from fedreg_tools.reports import placement_problem, read_sealed, seal_problem
+from fedreg_tools.run_records import placement_problem, read_sealed, seal_problem
+from fedreg_tools.runner_plan import write_run_config
+from fedreg_tools.runner_session import Stop, stop_on_signals
 
 #: Per-round fields compared; the accuracies are fractions in [0, 1] (or None).
 ACCURACIES = (

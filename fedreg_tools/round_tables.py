@@ -21,7 +21,7 @@ GLOBAL = "global_accuracy"
 
 
 class RunResult(Protocol):
-    """What these tables read of a report's run (``reports.RunResult``; a protocol, so
+    """What these tables read of a report's run (``run_records.RunResult``; a protocol, so
     that the report imports this module and not the other way round)."""
 
     experiment: str
@@ -42,7 +42,7 @@ def _personal_name(personal: str) -> str:
 
 
 def _shown(cell: str) -> str:
-    """A cell folder name as the report's tables show it (``reports.CELL_SEPARATOR``)."""
+    """A cell folder name as the report's tables show it (``run_records.CELL_SEPARATOR``)."""
     return cell.replace("__", " ")
 
 

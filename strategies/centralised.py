@@ -42,6 +42,7 @@ from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.seeds import torch_generator
 from fedreg_app.core.training import MomentumSGD, select_device, train_epochs
 from strategies.base import PersonalizedStrategy
+from strategies.replies import RunFacts
 
 #: Prefix of the optimizer's momentum buffers among the checkpoint's strategy arrays.
 MOMENTUM = "momentum/"
@@ -52,8 +53,8 @@ class CentralisedStrategy(PersonalizedStrategy):
 
     group_weights: dict[str, str] = {}
 
-    def __init__(self, config: RunConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
+        super().__init__(config, facts)
         #: The optimizer's momentum buffers by parameter name, kept across rounds.
         self.momentum: dict[str, np.ndarray] = {}
 
@@ -71,8 +72,9 @@ class CentralisedStrategy(PersonalizedStrategy):
         decoded on the first round)."""
         return load_union_split(self.partition_key, "train")
 
-    def server_splits(self) -> tuple[str, ...]:
-        return (*super().server_splits(), "train")
+    @classmethod
+    def server_splits(cls, config: RunConfig) -> tuple[str, ...]:
+        return (*super().server_splits(config), "train")
 
     def keep_server_splits(self, unions: dict[str, TensorData]) -> None:
         """The union of the train splits, decoded in the ServerApp's digest pass."""
@@ -82,9 +84,10 @@ class CentralisedStrategy(PersonalizedStrategy):
     def model(self) -> SplitModel:
         return initial_model(load_info(self.partition_key), self.config).to(self.device)
 
-    def clients_per_round(self) -> int:
+    @classmethod
+    def clients_per_round(cls, config: RunConfig, num_partitions: int) -> int:
         """No client trains, so no training reply is needed."""
-        return self.config.min_train_replies
+        return config.min_train_replies
 
     # ---------------------------------------------------------------- training
     def configure_train(

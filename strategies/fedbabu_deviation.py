@@ -22,6 +22,7 @@ from fedreg_app.core.config import RunConfig
 from fedreg_app.core.models import BASE, HEAD_G
 from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.fedbabu import FedBABUStrategy
+from strategies.replies import RunFacts
 
 
 def window_sigma(history: list[list[float]], window: int) -> float | None:
@@ -43,15 +44,19 @@ def deviation_round(sigmas: list[float], epsilon: float) -> int | None:
 
 
 class FedBABUDeviationStrategy(FedBABUStrategy):
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
         self.fine_tune_round: int | None = None  # R; the groups depend on it from the start
-        super().__init__(config)
+        super().__init__(config, facts)
         options = config.options_as(DeviationOptions)
-        options.check(config)
         self.window, self.epsilon = options.window, options.epsilon
         self.finetune_rounds = options.finetune_rounds
         self.history: list[list[float]] = []  # per round: every client's accuracy
         self.sigma_rounds: list[tuple[int, float]] = []  # (round, sigma_w)
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        super().check_config(config)
+        config.options_as(DeviationOptions).check(config)
 
     def finetuning(self, server_round: int) -> bool:
         return self.fine_tune_round is not None and server_round > self.fine_tune_round

@@ -5,11 +5,12 @@ w_g <- (1/|S|) * sum_{k in S} w_k - h / alpha
 
 h starts at zero and is the strategy's state. alpha = ``dyn-alpha`` (0.01).
 
-Under central DP the server sees only the private release: the mean update
-(1/|S|) sum (w_k - w_g) is replaced by the base strategy's noisy fixed-denominator average
-of the clipped updates, and h and w_g are computed from it (post-processing, so the
-guarantee holds for h too). That release weights clients by their sample counts, as
-FedAvg's does, where FedDyn's own mean is uniform over the sampled clients.
+Where a wrapper lets the server see only an aggregate (central DP's noisy
+fixed-denominator average of the clipped updates, ``strategies/privacy.py``), the mean
+update (1/|S|) sum (w_k - w_g) is replaced by that release, and h and w_g are computed
+from it (post-processing, so DP's guarantee holds for h too). That release weights
+clients by their sample counts, as FedAvg's does, where FedDyn's own mean is uniform over
+the sampled clients.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from clients.feddyn import FedDynOptions
 from fedreg_app.core.config import RunConfig
 from strategies.base import PersonalizedStrategy, Update
+from strategies.replies import RunFacts
 
 
 def dynamic_step(
@@ -53,8 +55,8 @@ class DynamicState(PersonalizedStrategy):
     """A server that keeps FedDyn's h (one array per aggregated parameter, filled by
     :func:`dynamic_step`) in its checkpoint, so that a resume continues it."""
 
-    def __init__(self, config: RunConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
+        super().__init__(config, facts)
         self.h: dict[str, np.ndarray] = {}
 
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -67,16 +69,15 @@ class DynamicState(PersonalizedStrategy):
 
 
 class FedDynStrategy(DynamicState):
-    #: ``aggregate_updates`` works from the private release under central DP.
-    private_aggregation = True
+    works_from_average = True
 
-    def __init__(self, config: RunConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
+        super().__init__(config, facts)
         self.alpha = config.options_as(FedDynOptions).alpha
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
-        if self.config.dp_mode == "central":  # the private mean, w_g plus the noisy update
-            average = super().aggregate_updates(server_round, updates)
+        if self.release is not None:  # only the released aggregate may be used
+            average = self.average_updates(server_round, updates)
         else:  # FedDyn's own mean, uniform over the sampled clients
             average = {
                 key: sum(np.asarray(a[key], dtype=np.float64) for a, _ in updates) / len(updates)
@@ -84,5 +85,5 @@ class FedDynStrategy(DynamicState):
             }
         return dynamic_step(
             self._current, average, updates, self.h, self.alpha, self.num_partitions,
-            drift_from_average=self.config.dp_mode == "central",
+            drift_from_average=self.release is not None,
         )  # fmt: skip

@@ -19,25 +19,24 @@ from fedreg_app.core.models import BASE, HEAD_G
 from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES
 from strategies.base import Update
 from strategies.feddyn import DynamicState, dynamic_step
+from strategies.replies import RunFacts
 
 
 class FedReGStrategy(DynamicState):
-    #: ``aggregate_updates`` works from the base strategy's (private) average.
-    private_aggregation = True
+    works_from_average = True
 
-    def __init__(self, config: RunConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
+        super().__init__(config, facts)
         options = config.options_as(FedReGOptions)
         head_weight = EFFECTIVE_EXAMPLES if options.head_weight == "effective" else NUM_EXAMPLES
         self.group_weights = {BASE: NUM_EXAMPLES, HEAD_G: head_weight}
         self.dyn_alpha = options.dyn_alpha
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
-        average = super().aggregate_updates(server_round, updates)
+        average = self.average_updates(server_round, updates)
         if self.dyn_alpha == 0:
             return average
-        private = self.config.dp_mode == "central"
         return dynamic_step(
             self._current, average, updates, self.h, self.dyn_alpha, self.num_partitions,
-            drift_from_average=private,
+            drift_from_average=self.release is not None,
         )  # fmt: skip

@@ -12,15 +12,17 @@ from collections.abc import Mapping
 import numpy as np
 
 from clients.fedseq import base_layers, is_finetuning, of_layers, unfreeze_rounds, unfrozen_at
+from fedreg_app.core.config import RunConfig
 from fedreg_app.core.models import SplitModel
 from strategies.base import PersonalizedStrategy
+from strategies.replies import RunFacts
 
 
 class FedSeqStrategy(PersonalizedStrategy):
     anti = False
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
+        super().__init__(config, facts)
         self._model: SplitModel | None = None
 
     def prepare_model(self, model: SplitModel) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from clients.gpfl import attach_gpfl_modules, condition_input, conditioned_head
+from fedreg_app.core.config import RunConfig
 from fedreg_app.core.models import BASE, EXTRA, HEAD_G, SplitModel
 from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.base import ModelParts
@@ -23,12 +24,16 @@ class GPFLStrategy(FedPerStrategy):
     group_weights = {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES, EXTRA: NUM_EXAMPLES}
     sent_groups = (BASE, EXTRA)
 
-    def prepare_model(self, model: SplitModel) -> None:
-        attach_gpfl_modules(model, self.config.seed)
+    @classmethod
+    def add_modules(cls, config: RunConfig, model: SplitModel) -> None:
+        attach_gpfl_modules(model, config.seed)
 
-    def global_parts(self, model: SplitModel, arrays: Mapping[str, np.ndarray]) -> ModelParts:
+    @classmethod
+    def global_parts(
+        cls, config: RunConfig, model: SplitModel, arrays: Mapping[str, np.ndarray]
+    ) -> ModelParts:
         """base, and z -> head(CoV(z, p_mean)), with the server's aggregated arrays."""
-        self.prepare_model(model)  # idempotent: the ServerApp has usually done it
+        cls.add_modules(config, model)  # idempotent: the ServerApp has usually done it
         model.load_group_state(dict(arrays), BASE, HEAD_G, EXTRA)
         model.eval()
         return model.base, conditioned_head(model, condition_input(model).personal)

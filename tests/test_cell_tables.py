@@ -4,7 +4,7 @@ by seed, and its worst clients, checked against figures worked out by hand."""
 from __future__ import annotations
 
 from fedreg_tools.cell_tables import best_and_last, cells_table, worst_and_bottom_decile
-from fedreg_tools.reports import RunResult
+from fedreg_tools.run_records import RunResult
 
 
 def run(cell: str, seed: int, globals_: list[float], personals: list[float],

@@ -11,8 +11,8 @@ import pytest
 from clients.fedreg import FedReGOptions
 from fedreg_app.core.config import EARLIER_MEANING, RunConfig
 from fedreg_app.registry import load_config
-from fedreg_tools.experiments import Experiment, plan
 from fedreg_tools.replay import LOCATIONS
+from fedreg_tools.runner_plan import Experiment, plan
 
 PROJECT = Path(__file__).resolve().parents[1]
 DECLARED = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -240,6 +239,5 @@ def test_the_serverapp_keeps_its_model_on_the_device_only_when_it_evaluates_ther
     """With clients evaluating the global model, the ServerApp's model only holds arrays:
     it stays on the CPU even where the run's device is a GPU (no CUDA context in the
     ServerApp); where the ServerApp evaluates, it goes to the run's device."""
-    strategy = SimpleNamespace(global_evaluation=evaluation)
-    assert server_device("cuda", strategy).type == expected
-    assert server_device("cpu", strategy).type == "cpu"
+    assert server_device("cuda", evaluation).type == expected
+    assert server_device("cpu", evaluation).type == "cpu"

@@ -31,35 +31,32 @@ from fedreg_app.core.metrics import BEST_OF, ResultsWriter, RoundRecord, rounds_
 from fedreg_app.core.protocol import is_valid_state_key
 from fedreg_app.registry import load_config
 from fedreg_app.server_app import run_folder
-from fedreg_tools import experiments
-from fedreg_tools.experiments import (
-    EXIT_BUSY,
-    EXIT_FAILED,
-    RECENT_ROUNDS,
-    RUNNER_LOCK,
-    Experiment,
-    Progress,
-    RunSpec,
-    cell_id,
-    cell_key,
-    checkpoint_round,
-    decide,
-    main,
-    markdown_table,
-    never_resumed,
-    pending_state,
-    plan,
-    read_marker,
-    recorded_seconds,
-    seed_numbers,
-    summarize,
-    tidy,
-    write_marker,
-    write_run_config,
-)
+from fedreg_tools import experiments, runner_decisions, runner_progress, runner_session
+from fedreg_tools.experiments import EXIT_BUSY, main
 from fedreg_tools.launcher import ClientResources, LocalSuperLink, kill_tree, processes_naming
 from fedreg_tools.overrides import declared_overrides, declared_run_config, parse_overrides
-from fedreg_tools.reports import ANSWERED_NOTE, DEGRADED_NOTE, cell_problem, mean_std
+from fedreg_tools.report_tables import ANSWERED_NOTE, DEGRADED_NOTE, mean_std
+from fedreg_tools.run_records import cell_problem
+from fedreg_tools.runner_decisions import (
+    decide,
+    never_resumed,
+    pending_state,
+    read_marker,
+    tidy,
+    write_marker,
+)
+from fedreg_tools.runner_plan import (
+    Experiment,
+    RunSpec,
+    cell_id,
+    checkpoint_round,
+    plan,
+    seed_numbers,
+    write_run_config,
+)
+from fedreg_tools.runner_progress import RECENT_ROUNDS, Progress, cell_key, recorded_seconds
+from fedreg_tools.runner_session import RUNNER_LOCK
+from fedreg_tools.runner_summary import EXIT_FAILED, CellSummary, markdown_table, summarize
 from tests.fake_data import copy_dataset
 from tests.holders import SERVERAPP, held_elsewhere
 
@@ -543,7 +540,7 @@ def test_table_marks_degraded_cells_and_answered_only_personal_figures(tmp_path:
 def test_the_runners_table_says_when_fewer_seeds_give_a_figure_than_finished() -> None:
     """A degraded seed with no complete round gives no G when the clients evaluate the
     global model: ``70.00`` over one of two finished seeds said nothing of it."""
-    summary = experiments.CellSummary("t2", {"algo": "fedreg"}, (0.7,), (0.8, 0.9), seeds=2,
+    summary = CellSummary("t2", {"algo": "fedreg"}, (0.7,), (0.8, 0.9), seeds=2,
                                       finished=2, degraded=1)  # fmt: skip
     row = markdown_table([summary]).splitlines()[2]
     assert row == "| t2 | fedreg | 70.00† (1 of 2 seeds) | 85.00 ± 7.07† | 2/2 (1 degraded) |"
@@ -585,7 +582,7 @@ def test_a_finished_run_of_another_setting_is_not_taken_for_this_ones(
         f"starts: {edited.folder / 'run-old'} finished with another setting "
         f"(local-epochs={epochs + 4}, not {epochs})", 0,
     )  # fmt: skip
-    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", FakeSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {"seed0": "completed"})
     assert main([str(config), "--out", str(out)]) == 0
@@ -662,7 +659,7 @@ def test_runner_reruns_failed_runs_lists_them_and_exits_non_zero(
     write_results(completed, "completed")
     write_results(degraded, "degraded")
     write_results(failed, "failed")
-    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", FakeSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     # The failed seed fails again; the missing one crashes before writing anything.
     monkeypatch.setattr(FakeSuperLink, "outcome", {"seed2": "failed"})
@@ -689,7 +686,7 @@ def test_runner_exits_zero_when_every_run_finished_even_degraded(
     out = tmp_path / "out"
     first, _ = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
     write_results(first, "degraded")
-    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", FakeSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {"seed1": "degraded"})
     assert main([str(config), "--out", str(out)]) == 0
@@ -998,13 +995,13 @@ def test_a_folder_whose_holder_lets_go_while_the_superlink_starts_is_resumed(
                 time.sleep(0.05)
             return super().__enter__()
 
-    monkeypatch.setattr(experiments, "LocalSuperLink", ReleasingSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", ReleasingSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {})
     monkeypatch.setattr(FakeSuperLink, "resumed", [])
     with held_elsewhere(folder) as holder:
         assert decide(spec, DECLARED).problem  # in use when the runner looks first
-        experiments.run_all([spec], tmp_path / "home", declared=DECLARED)
+        runner_session.run_all([spec], tmp_path / "home", declared=DECLARED)
     assert FakeSuperLink.started == [spec.folder.name] and spec.problem is None
     assert FakeSuperLink.resumed == [str(folder)]  # resumed from its checkpoint
 
@@ -1257,7 +1254,7 @@ def test_dry_run_says_what_the_command_would_do_with_each_run_and_changes_nothin
     assert lines[5] == (f"{killed.describe()} -> {killed.folder}: resumes after round "
                         f"1/{rounds}; its status says running: in progress now, or killed "
                         "unawares")  # fmt: skip
-    left = experiments._clock((5 * rounds - 4) * 2.0)  # every recorded round took 2 s
+    left = runner_progress._clock((5 * rounds - 4) * 2.0)  # every recorded round took 2 s
     assert lines[6] == (f"grid {rounds + 4}/{6 * rounds} rounds done in 6 runs; about "
                         f"{left} left at the seconds a round of the records")  # fmt: skip
     assert sorted(p.name for p in (tmp_path / "out").rglob("*")) == before
@@ -1281,7 +1278,7 @@ def test_the_dry_run_times_the_cells_with_records_and_names_those_without(
         f"grid {rounds}/{8 * rounds} rounds done in 8 runs; time left unknown: no record yet "
         "of t1 fedavg augment=auto threshold=max, t1 fedavg augment=simple threshold=max, "
         "t1 fedavg augment=simple threshold=mean; about "
-        f"{experiments._clock(rounds * 2.0)} for the other run, by its records"
+        f"{runner_progress._clock(rounds * 2.0)} for the other run, by its records"
     )
 
 
@@ -1316,7 +1313,7 @@ def test_a_marker_the_runner_did_not_write_is_not_obeyed(
     again = decide(spec, DECLARED, restart_damaged=True)
     assert again.resume is None and again.problem is None and str(folder) in again.note
     assert read_marker(folder)["abandoned"].startswith("runner.json")
-    assert decide(spec, DECLARED) == experiments.Attempt()  # both passed over: a fresh run
+    assert decide(spec, DECLARED) == runner_decisions.Attempt()  # both passed over: a fresh run
 
 
 def test_the_runners_own_markers_are_obeyed(tmp_path: Path) -> None:
@@ -1325,10 +1322,10 @@ def test_the_runners_own_markers_are_obeyed(tmp_path: Path) -> None:
     (spec,) = one_cell_specs(tmp_path, 1)
     folder = interrupted_run(spec, "failed", at_round=2)
     write_marker(folder, stopped="stopped by --max-minutes")
-    assert experiments.marker_problem(folder) is None
+    assert runner_decisions.marker_problem(folder) is None
     assert decide(spec, DECLARED).resume == folder
     write_marker(folder, abandoned="checkpoint damaged")
-    assert decide(spec, DECLARED) == experiments.Attempt()
+    assert decide(spec, DECLARED) == runner_decisions.Attempt()
 
 
 @pytest.mark.parametrize("damage", ["model", "state", "client-state", "results"])
@@ -1356,7 +1353,7 @@ def test_a_damaged_run_folder_is_named_and_restarted_only_when_asked(
     again = decide(spec, DECLARED, restart_damaged=True)
     assert again.resume is None and again.problem is None and str(folder) in again.note
     assert read_marker(folder)["abandoned"]  # kept, and never resumed later
-    assert decide(spec, DECLARED) == experiments.Attempt()
+    assert decide(spec, DECLARED) == runner_decisions.Attempt()
 
 
 def test_a_damaged_run_is_reported_and_the_runner_exits_non_zero(
@@ -1367,7 +1364,7 @@ def test_a_damaged_run_is_reported_and_the_runner_exits_non_zero(
     (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
     folder = interrupted_run(spec, "running")
     (folder / "checkpoint" / "state.json").write_text("{garbage")
-    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", FakeSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {})
     assert main([str(config), "--out", str(out)]) == 1
@@ -1414,7 +1411,7 @@ def test_a_run_whose_data_changed_at_its_path_is_refused_before_any_start(
     assert "--restart-damaged" in attempt.problem
     assert main([str(config), "--out", str(out), "--dry-run"]) == 0
     assert "not run: cannot resume" in capsys.readouterr().out
-    monkeypatch.setattr(experiments, "LocalSuperLink", FakeSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", FakeSuperLink)
     monkeypatch.setattr(FakeSuperLink, "started", [])
     monkeypatch.setattr(FakeSuperLink, "outcome", {})
     monkeypatch.setattr(FakeSuperLink, "entered", 0)
@@ -1773,7 +1770,7 @@ def stopped_after_one_round(
     round is checkpointed. Returns the config, the output folder and the run's spec."""
     config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
     out = tmp_path / "out"
-    monkeypatch.setattr(experiments, "LocalSuperLink", link)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", link)
     monkeypatch.setattr(RoundsSuperLink, "configs", [])
     assert main([str(config), "--out", str(out), "--max-minutes", "0"]) == 3
     (spec,) = plan([Experiment.load(config, DECLARED)], out, DECLARED, {})
@@ -1875,7 +1872,7 @@ def test_sigterm_marks_the_run_stopped_and_exits_143(
 ) -> None:
     config = write(tmp_path / "t3.toml", "num-server-rounds = 3\n[experiment]\nname = 't3'\n")
     out = tmp_path / "out"
-    monkeypatch.setattr(experiments, "LocalSuperLink", SignalledSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", SignalledSuperLink)
     monkeypatch.setattr(RoundsSuperLink, "configs", [])
     handler = signal.getsignal(signal.SIGTERM)
     assert main([str(config), "--out", str(out)]) == 128 + signal.SIGTERM
@@ -1967,7 +1964,7 @@ def test_client_gpus_without_a_gpu_is_refused_before_any_work(
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", RoundsSuperLink)
     config = write(tmp_path / "t.toml", "[experiment]\nname = 't'\n")
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as refused:
@@ -1989,7 +1986,7 @@ def test_client_gpus_reach_the_superlink_of_every_run(
 ) -> None:
     """A Ray cluster (``RAY_ADDRESS``) has its GPUs elsewhere: the share is passed on."""
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
-    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", RoundsSuperLink)
     monkeypatch.setattr(RoundsSuperLink, "configs", [])
     config = write(tmp_path / "t.toml", "num-server-rounds = 1\n[experiment]\nname = 't'\n")
     out = tmp_path / "out"
@@ -2007,7 +2004,7 @@ def test_a_slice_ending_at_the_last_round_lets_the_run_finish(
     The last round's boundary is the run's end: the runner waits for it."""
     config = write(tmp_path / "t2.toml", "num-server-rounds = 2\n[experiment]\nname = 't2'\n")
     out = tmp_path / "out"
-    monkeypatch.setattr(experiments, "LocalSuperLink", RoundsSuperLink)
+    monkeypatch.setattr(runner_session, "LocalSuperLink", RoundsSuperLink)
     monkeypatch.setattr(RoundsSuperLink, "configs", [])
     command = [str(config), "--out", str(out), "--max-minutes", "0"]
     assert main(command) == 3  # stopped after round 1 of 2

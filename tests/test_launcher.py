@@ -15,7 +15,6 @@ import pytest
 from flwr.cli.build import build_fab_from_disk
 
 from fedreg_app.core.persist import FolderInUseError
-from fedreg_tools.experiments import submitted_run_id
 from fedreg_tools.launcher import (
     DATABASE,
     HF_OFFLINE_ENV,
@@ -29,6 +28,7 @@ from fedreg_tools.launcher import (
     stage_app,
     wait_until_unused,
 )
+from fedreg_tools.runner_session import submitted_run_id
 
 
 def fab_files(fab: bytes) -> dict[str, bytes]:

@@ -37,7 +37,7 @@ from fedreg_app.core.persist import (
     save_arrays,
 )
 from fedreg_app.registry import load_config
-from fedreg_tools.experiments import RUNNER_LOCK, exclusive_out
+from fedreg_tools.runner_session import RUNNER_LOCK, exclusive_out
 from strategies.fedavg import FedAvgStrategy
 from strategies.feddyn import FedDynStrategy
 from tests.test_clients import tensors

@@ -23,7 +23,9 @@ from fedreg_app.core.protocol import (
     PERSONAL_CORRECT,
 )
 from fedreg_app.server_app import round_line, sampled_accuracy, trained_in
-from fedreg_tools.reports import collect, main, paper_table
+from fedreg_tools.report_tables import paper_table
+from fedreg_tools.reports import main
+from fedreg_tools.run_records import collect
 from strategies.fedavg import FedAvgStrategy
 from tests.inprocess import ServerKilled, error_reply, results, run_server
 from tests.test_reports import fake_run

@@ -154,15 +154,18 @@ def test_negative_noise_is_refused_even_with_privacy_off() -> None:
 
 @pytest.mark.parametrize(("algo", "mode"), [("local", "central"), ("centralised", "local")])
 def test_algorithms_privacy_cannot_cover_are_refused(algo: str, mode: str) -> None:
+    from strategies.privacy import DifferentialPrivacy
+
     config = load_config({"algo": algo, **private(**{"dp-mode": mode})})
     with pytest.raises(ConfigError, match=f"dp-mode='{mode}' is not allowed with algo='{algo}'"):
-        get_algorithm(algo).strategy(config)
+        DifferentialPrivacy(get_algorithm(algo).strategy(config))
 
 
 def test_a_server_that_does_more_than_average_is_refused_central_dp() -> None:
     """An overridden aggregation that does not say it works from the private release
     would see the raw updates: refused (FedDyn says it does, and runs)."""
     from strategies.base import PersonalizedStrategy
+    from strategies.privacy import DifferentialPrivacy, check_privacy_allowed
 
     class Median(PersonalizedStrategy):
         def aggregate_updates(self, server_round, updates):  # noqa: ANN001, ANN202
@@ -170,8 +173,9 @@ def test_a_server_that_does_more_than_average_is_refused_central_dp() -> None:
 
     config = load_config({"algo": "fedavg", **private()})
     with pytest.raises(ConfigError, match="does more than average the updates"):
-        Median(config)
-    assert get_algorithm("feddyn").strategy(load_config({"algo": "feddyn", **private()}))
+        DifferentialPrivacy(Median(config))
+    feddyn = get_algorithm("feddyn").strategy
+    check_privacy_allowed(load_config({"algo": "feddyn", **private()}), feddyn)
 
 
 def test_feddyn_under_central_dp_runs_from_the_private_release(
@@ -364,16 +368,17 @@ def test_a_central_dp_round_that_trains_every_client_and_the_head_averages_them_
     The head has a denominator of its own (without one the run fails: ``KeyError:
     'head_g'``), and an ordinary round's K would double the update of a round of all 4."""
     from strategies.fedbabu_deviation import FedBABUDeviationStrategy
+    from strategies.privacy import DifferentialPrivacy
 
     settings = private(**{"dp-noise-multiplier": 1e-12, "dp-clip": 1e6})
     config = load_config({"algo": "fedbabu-deviation", "fraction-train": 0.5,
                           "num-server-rounds": 7, **settings})  # fmt: skip
-    strategy = FedBABUDeviationStrategy(config)
-    strategy.set_population_weights({p: {NUM_EXAMPLES: 10 * (p + 1)} for p in range(4)})
+    inner = FedBABUDeviationStrategy(config)
+    strategy = DifferentialPrivacy(inner, {p: {NUM_EXAMPLES: 10 * (p + 1)} for p in range(4)})
     rng = np.random.default_rng(3)
     strategy._current = {"base.w": rng.normal(size=6).astype(np.float32),
                          "head_g.w": rng.normal(size=3).astype(np.float32)}  # fmt: skip
-    strategy.fine_tune_round, strategy.last_sampled = 2, [0, 1, 2, 3]
+    inner.fine_tune_round, inner.last_sampled = 2, [0, 1, 2, 3]
     updates = [({k: (v + rng.normal(size=v.shape)).astype(np.float32)
                  for k, v in strategy._current.items()}, {NUM_EXAMPLES: 10 * (p + 1)})
                for p in range(4)]  # fmt: skip
@@ -382,7 +387,7 @@ def test_a_central_dp_round_that_trains_every_client_and_the_head_averages_them_
     assert set(released) == {"base.w", "head_g.w"}
     for key, value in plain.items():
         np.testing.assert_allclose(released[key], value, rtol=1e-5, atol=1e-6)
-    assert strategy.dp_releases == [(4, 4)]  # accounted as a round sampling everyone
+    assert strategy.releases == [(4, 4)]  # accounted as a round sampling everyone
 
 
 def test_with_equal_weights_the_release_is_flowers_fixed_clipping_average() -> None:

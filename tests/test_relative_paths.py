@@ -17,9 +17,9 @@ from flwr.app import Context, RecordDict
 
 from fedreg_app import client_app
 from fedreg_app.core.config import ConfigError, refuse_relative_paths
-from fedreg_tools.experiments import Experiment, plan
 from fedreg_tools.overrides import declared_run_config
 from fedreg_tools.replay import read_recording, replay_config
+from fedreg_tools.runner_plan import Experiment, plan
 from tests.inprocess import results, run_server
 from tests.test_replay import results_file
 

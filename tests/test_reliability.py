@@ -24,7 +24,7 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedreg_app import client_app, server_app
+from fedreg_app import client_app, nodes, server_app
 from fedreg_app.core.checkpoint import Checkpoint
 from fedreg_app.core.config import ConfigError
 from fedreg_app.core.data import PartitionKey, data_digest, split_digests
@@ -105,7 +105,7 @@ def test_a_client_failing_makes_the_run_degraded_and_the_personal_figure_partial
     coverage = round2["personal_coverage"]
     assert (coverage["clients"], coverage["of_clients"]) == (3, 4)
     assert coverage["test_samples"] < coverage["of_test_samples"]
-    from fedreg_tools.reports import document_problem
+    from fedreg_tools.run_records import document_problem
 
     assert document_problem(document) is None  # a report reads it as written
     round2["personal_accuracy"] = round2["personal_accuracy_answered"]  # passed off as whole
@@ -892,7 +892,7 @@ def test_server_killed_after_its_last_checkpoint_resumes_to_the_same_end(
     assert [r["round"] for r in resumed["rounds"]] == list(range(1, last + 1))
     assert per_round(resumed) == per_round(expected)
     assert_same_arrays(final_model(tmp_path / "part"), final_model(tmp_path / "whole"))
-    from fedreg_tools.reports import document_problem
+    from fedreg_tools.run_records import document_problem
 
     for record in (expected, resumed):  # the early end is recorded: a finished run to report
         assert record["run"].get("ended_after_round") == (last if ends_early else None)
@@ -1165,21 +1165,21 @@ def test_discovery_says_what_it_waits_for_and_asks_a_failing_node_again_only_now
     5 s while waiting for clients) asked it again; it said nothing of the partitions it
     waited for, and let a second node claiming a partition replace the first without a
     word."""
-    monkeypatch.setattr(server_app, "DISCOVERY_NOTE_S", 0.0)
-    monkeypatch.setattr(server_app, "QUERY_RETRY_S", 60.0)
+    monkeypatch.setattr(nodes, "DISCOVERY_NOTE_S", 0.0)
+    monkeypatch.setattr(nodes, "QUERY_RETRY_S", 60.0)
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as run_server
     grid = LateNodeGrid(base)
     with caplog.at_level("INFO"):
-        partitions, _ = server_app.discover_partitions(grid, timeout=30)
+        partitions, _ = nodes.discover_partitions(grid, timeout=30)
     assert partitions.available() == [0, 1, 2, 3] and partitions.node_of(3) == 1003
     assert grid.looks == 4 and grid.queried.count(999) == 1  # not at every look
     assert "waiting for the nodes of partitions [3] (3 have one" in caplog.text
     assert "two nodes claim partition 1" in caplog.text
     for _ in range(3):  # before each round, and while waiting for clients: not asked again
-        server_app.refresh_partitions(grid, partitions)
+        nodes.refresh_partitions(grid, partitions)
     assert grid.queried.count(999) == 1
-    monkeypatch.setattr(server_app, "QUERY_RETRY_S", 0.0)  # its time has come
-    server_app.refresh_partitions(grid, partitions)
+    monkeypatch.setattr(nodes, "QUERY_RETRY_S", 0.0)  # its time has come
+    nodes.refresh_partitions(grid, partitions)
     assert grid.queried.count(999) == 2
 
 
@@ -1241,7 +1241,7 @@ def test_a_device_reads_its_own_copy_when_it_lacks_the_servers_dataset_path(
     run config's path, so on a device without the server's folder every query failed
     and discovery waited out its timeout: no real deployment with other paths could
     start. Here the server's copy is hidden from the nodes while they run."""
-    monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 20.0)
+    monkeypatch.setattr(nodes, "DISCOVERY_TIMEOUT_S", 20.0)
     server_copy = copy_dataset(grey_dataset, tmp_path / "server-data")
     device_copy = copy_dataset(grey_dataset, tmp_path / "device-data")
     config = {**base, "dataset-path": str(server_copy), "num-server-rounds": 2}
@@ -1269,7 +1269,7 @@ def test_a_device_without_its_data_is_named_at_discovery_before_any_round(
     """A node whose data cannot be found is not mapped at discovery (to fail only in its
     first round, after the others had trained): its query fails, it serves no partition,
     discovery waits for one that can, and its timeout names the node and why."""
-    monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(nodes, "DISCOVERY_TIMEOUT_S", 3.0)
     server_copy = copy_dataset(grey_dataset, tmp_path / "server-data")
     device_copy = copy_dataset(grey_dataset, tmp_path / "device-data")
     node_3 = {"dataset-path": str(tmp_path / node_path) if node_path else ""}
@@ -1331,7 +1331,7 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     taken as finished by the runner, not only refused on resume: a record beside a
     checkpoint must be the one it sealed."""
     from fedreg_tools.replay import read_recording
-    from fedreg_tools.reports import scan
+    from fedreg_tools.run_records import scan
 
     seed_folder = tmp_path / "root" / "smoke" / "fedavg" / "seed5"
     config = {**base, "algo": "fedavg", "num-server-rounds": 2, "state-dir": str(tmp_path / "s"),
@@ -1376,7 +1376,7 @@ def test_a_round_committed_while_a_report_reads_the_run_leaves_it_valid(
     injected: the first read of results.json returns the round-1 record and then lets
     the run write rounds 2 and 3, record then checkpoint, as the ServerApp does."""
     from fedreg_tools.replay import read_recording
-    from fedreg_tools.reports import read_document
+    from fedreg_tools.run_records import read_document
 
     config = {**base, "state-dir": str(tmp_path / "state")}
     folder = killed_in_round_2(config, tmp_path)
@@ -1529,7 +1529,7 @@ def test_a_device_reads_its_own_copy_of_the_init_model(
     from fedreg_app.core.models import BASE, HEAD_G, build_model
     from fedreg_app.core.persist import save_arrays
 
-    monkeypatch.setattr(server_app, "DISCOVERY_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(nodes, "DISCOVERY_TIMEOUT_S", 3.0)
     trained = build_model(DatasetInfo(num_classes=10, channels=1, height=28, width=28), 2, 42)
     server_file, device_file = tmp_path / "server.npz", tmp_path / "device.npz"
     for path in (server_file, device_file):

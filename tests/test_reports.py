@@ -12,33 +12,37 @@ import pytest
 from PIL import Image
 
 import fedreg_app
+import fedreg_tools
 from fedreg_app.core.config import ConfigError
 from fedreg_app.core.persist import RUN_FOLDER_LOCK
-from fedreg_tools.experiments import Experiment, cell_id
 from fedreg_tools.overrides import declared_run_config
-from fedreg_tools.reports import (
+from fedreg_tools.paper_cells import read_paper_cells
+from fedreg_tools.report_plots import (
+    _mean_band,
+    log_ratio_lines,
+    plot_accuracy_curves,
+    rebalance_summary,
+    rebalanced_counts,
+)
+from fedreg_tools.report_tables import (
     ANSWERED_NOTE,
     DEGRADED_NOTE,
     UNFINISHED_NOTE,
-    _mean_band,
-    class_distribution_report,
-    collect,
     cost_table,
-    describe_setting,
     differing_settings,
-    log_ratio_lines,
-    main,
     paper_comparison,
     paper_table,
-    plot_accuracy_curves,
     provenance_table,
-    read_paper_cells,
-    rebalance_summary,
-    rebalanced_counts,
-    scan,
+)
+from fedreg_tools.reports import (
+    class_distribution_report,
+    describe_setting,
+    main,
     write_report,
     write_run_report,
 )
+from fedreg_tools.run_records import collect, scan
+from fedreg_tools.runner_plan import Experiment, cell_id
 from tests.holders import SERVERAPP, held_elsewhere
 
 
@@ -607,8 +611,8 @@ def test_a_root_of_failed_runs_only_is_an_error_that_says_why(tmp_path: Path, ca
 
 
 def test_the_report_and_the_runner_do_not_import_each_other() -> None:
-    """overrides.py sits below both tools; reports.py never imports the runner."""
-    package = Path(fedreg_app.__file__).parent
+    """overrides.py sits below both tools; the report's modules never import the runner."""
+    package = Path(fedreg_tools.__file__).parent
 
     def imported(name: str) -> set[str]:
         modules = set()
@@ -619,7 +623,14 @@ def test_the_report_and_the_runner_do_not_import_each_other() -> None:
                 modules.update(alias.name for alias in node.names)
         return modules
 
-    assert "fedreg_tools.experiments" not in imported("reports")
+    report = ("reports", "run_records", "paper_cells", "report_tables", "report_plots")
+    runner = {
+        m
+        for name in report
+        for m in imported(name)
+        if m == "fedreg_tools.experiments" or m.startswith("fedreg_tools.runner_")
+    }
+    assert not runner, runner
     ours = {m for m in imported("overrides") if m.split(".")[0] == "fedreg_app"}
     assert ours == {"fedreg_app.core.config"}
 

@@ -1,4 +1,4 @@
-"""The ServerApp's own push/pull loop (``server_app.exchange``): replies are collected
+"""The ServerApp's own push/pull loop (``nodes.exchange``): replies are collected
 as they arrive, not on Flower's fixed 3 s beat; a timeout ends the wait; a message the
 SuperLink refused (no id) is not waited for."""
 
@@ -11,7 +11,7 @@ import pytest
 from flwr.app import Message, MessageType, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedreg_app import server_app
+from fedreg_app import nodes, server_app
 from fedreg_app.core.partition_map import PartitionMap
 
 
@@ -61,31 +61,31 @@ def messages(count: int) -> list[Message]:
 def test_replies_are_collected_soon_after_they_arrive() -> None:
     grid = SlowGrid([0.1, 0.3, 0.6])
     started = time.monotonic()
-    replies = server_app.exchange(grid, messages(3))
+    replies = nodes.exchange(grid, messages(3))
     waited = time.monotonic() - started
     assert len(replies) == 3
     # The last reply is ready at 0.6 s; Flower's loop would return at 3 s or later. The
     # bound leaves a busy machine 0.8 s of scheduling slack beyond the longest pull beat.
-    assert 0.6 <= waited < 0.6 + server_app.PULL_INTERVAL_S[1] + 0.8 < 3.0
+    assert 0.6 <= waited < 0.6 + nodes.PULL_INTERVAL_S[1] + 0.8 < 3.0
 
 
 def test_timeout_ends_the_wait_with_the_replies_so_far() -> None:
     grid = SlowGrid([0.05, None])
     started = time.monotonic()
-    replies = server_app.exchange(grid, messages(2), timeout=0.8)
+    replies = nodes.exchange(grid, messages(2), timeout=0.8)
     assert len(replies) == 1
     # ended by the timeout, not by the next beat after it (plus slack for a busy machine)
-    assert 0.8 <= time.monotonic() - started < 0.8 + server_app.PULL_INTERVAL_S[1] + 0.8
+    assert 0.8 <= time.monotonic() - started < 0.8 + nodes.PULL_INTERVAL_S[1] + 0.8
 
 
 def test_a_refused_message_is_not_waited_for() -> None:
     grid = SlowGrid([0.05, 0.0], refuse=[1])
-    assert len(server_app.exchange(grid, messages(2))) == 1
+    assert len(nodes.exchange(grid, messages(2))) == 1
 
 
 def test_polling_backs_off_while_nothing_arrives() -> None:
     grid = SlowGrid([2.0])
-    server_app.exchange(grid, messages(1))
+    nodes.exchange(grid, messages(1))
     # A fixed 50 ms beat would pull 40 times in 2 s; the back-off pulls far fewer.
     assert grid.pulls < 15
 

@@ -23,7 +23,7 @@ CPUINFO = Path("/proc/cpuinfo")
 #: The packages whose code computes a run's figures (the app, its strategies, its clients).
 CODE_PACKAGES = ("fedreg_app", "strategies", "clients")
 #: Where those packages lie: the project's root, or the app's install folder under flwr.
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.lru_cache(maxsize=4)
