@@ -18,7 +18,9 @@ Before a client's first training it has no v_k of its own (``ditto-personal-init
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from torch import nn
@@ -38,6 +40,9 @@ PERSONAL_INITS = ("initial", "global")
 
 @dataclass(frozen=True)
 class DittoOptions(PersonalEpochs):
+    #: Before 0.2.0 Ditto's personal model started from the global one.
+    earlier_meaning: ClassVar[Mapping[str, Any]] = {"ditto-personal-init": "global"}
+
     lam: float = option(
         "ditto-lambda", 0.1, "a number >= 0 (pull toward the global model)", at_least(0),
         doc="λ: the pull of the personal model toward the global one.",

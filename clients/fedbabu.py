@@ -25,7 +25,9 @@ head instead, as PFLlib's ``clientBABU.fine_tune`` does by default (``which_modu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,6 +41,9 @@ FINETUNE_WHEN = ("final", "every-eval")
 
 @dataclass(frozen=True)
 class FedBABUOptions(AlgorithmOptions):
+    #: Before 0.2.0 FedBABU fine-tuned before every evaluation.
+    earlier_meaning: ClassVar[Mapping[str, Any]] = {"finetune-when": "every-eval"}
+
     finetune_epochs: int = option(
         "finetune-epochs", 10, "an integer >= 0", at_least(0),
         doc="Epochs of fine-tuning the head on the client's own data.",

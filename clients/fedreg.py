@@ -87,8 +87,9 @@ Ablations of the paper's Section 4.7 / Table 5, one switch each (defaults = FedR
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -142,6 +143,8 @@ class FedReGOptions(AlgorithmOptions):
     #: ``head-depth = "auto"``: two Linear layers (thesis §5.5, Table 5.4: "the number of
     #: head layers ... is 2").
     default_head_depth: ClassVar[int] = 2
+    #: Before 0.2.0 FedReG ran its two steps in sequence.
+    earlier_meaning: ClassVar[Mapping[str, Any]] = {"fedreg-schedule": "sequential"}
 
     head_weight: str = option(
         "fedreg-head-weight", "effective", f"one of {', '.join(HEAD_WEIGHTS)}",

@@ -6,7 +6,7 @@ run-config keys of its own in pyproject.toml, where flwr looks up what it accept
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +34,7 @@ from strategies.ditto import DittoStrategy
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedavg2rep import FedAvg2RepStrategy
 from strategies.fedbabu import FedBABUStrategy
-from strategies.fedbabu_deviation import FedBABUDeviationStrategy
+from strategies.fedbabu_deviation import FedBABUDeviationStrategy, recorded_end
 from strategies.feddyn import FedDynStrategy
 from strategies.fedper import FedPerStrategy
 from strategies.fedprox import FedProxStrategy
@@ -57,6 +57,9 @@ class Algorithm:
     options: type[AlgorithmOptions] = AlgorithmOptions
     #: A reference point, not a federated algorithm (local, centralised training).
     reference: bool = False
+    #: For an algorithm that may end a run before num-server-rounds (its strategy
+    #: overrides ``finished``): the round a record of it says the run ended after.
+    recorded_end: Callable[[Mapping[str, Any]], int | None] | None = None
 
     @property
     def resume_fixed(self) -> tuple[str, ...]:
@@ -94,7 +97,7 @@ ALGORITHMS: dict[str, Algorithm] = {
                   "FedAvg for fedavg2rep-warmup-rounds, then FedRep", FedAvg2RepOptions),
         Algorithm("fedbabu-deviation", FedBABUDeviationStrategy, FedBABUDeviationClient,
                   "FedBABU until the client-accuracy spread settles, then fine-tune rounds",
-                  DeviationOptions),
+                  DeviationOptions, recorded_end=recorded_end),
         Algorithm("fedseq-vanilla", FedSeqStrategy, FedSeqClient,
                   "base layers unfrozen input side first; head frozen; fine-tune at the end",
                   FedSeqOptions),
@@ -129,6 +132,15 @@ def get_algorithm(name: str) -> Algorithm:
             f"algo={name!r} is not allowed: expected one of {', '.join(algorithm_names())}"
         )
     return ALGORITHMS[name]
+
+
+def ended_after(document: Mapping[str, Any]) -> int | None:
+    """The round a results.json says its run ended after, where the run's algorithm may
+    end early; None where it cannot (an edited file cannot shorten a run)."""
+    algorithm = ALGORITHMS.get(document["config"].get("algo"))
+    if algorithm is None or algorithm.recorded_end is None:
+        return None
+    return algorithm.recorded_end(document)
 
 
 def load_config(run_config: Mapping[str, Any]) -> RunConfig:

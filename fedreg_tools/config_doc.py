@@ -55,12 +55,16 @@ class OptionGroup:
 
 
 def core_key_docs() -> list[KeyDoc]:
-    """The keys every algorithm shares, in their declaration order."""
+    """The keys every algorithm shares, in their declaration order; ``algo``'s allowed
+    values are the registry's names (the shared config names no algorithm)."""
+    from fedreg_app.registry import algorithm_names
+
+    names = ", ".join(f"`{name}`" for name in algorithm_names())
     return [
         KeyDoc(
             field.name.replace("_", "-"),
             field.default,
-            field.metadata.get("allowed", ""),
+            f"one of {names}" if field.name == "algo" else field.metadata.get("allowed", ""),
             field.metadata.get("doc", ""),
             field.metadata.get("source", ""),
         )

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.core.checkpoint import committed_round
-from fedreg_app.core.config import EARLIER_MEANING, ConfigError, as_ran
+from fedreg_app.core.config import ConfigError, as_ran, earlier_meanings
 from fedreg_app.core.environment import client_devices, describe_environment, environment_note
 from fedreg_app.core.metrics import INIT_MODEL_SHA256, first_line, record_problem, status_problem
 from fedreg_tools.launcher import (
@@ -123,7 +123,9 @@ def read_recording(path: Path) -> Recording:
     # whatever its status (a failed run's first rounds replay too), as a report reads it
     # a record beside a checkpoint must be the one it sealed, as a report requires: a
     # replay of an edited record would "confirm" figures nobody's run produced
-    problem = (record_problem(document) or status_problem(document)
+    from fedreg_app.registry import ended_after  # the algorithms bring torch: not at start
+
+    problem = (record_problem(document, ended_after) or status_problem(document, ended_after)
                or placement_problem(path, document)
                or seal_problem(seal, document))  # fmt: skip
     if problem:
@@ -160,7 +162,9 @@ def check_same_run(first: Recording, second: Recording) -> list[str]:
             f"run.num_clients differs: {first.num_clients} in {first.path}, "
             f"{second.num_clients} in {second.path}; not runs of the same config"
         )
-    ours, theirs = as_ran(first.config), as_ran(second.config)  # an earlier version's too
+    from fedreg_app.registry import CATALOG  # the algorithms bring torch: not at start
+
+    ours, theirs = as_ran(first.config, CATALOG), as_ran(second.config, CATALOG)  # earlier's too
     both = (set(ours) & set(theirs)) - set(LOCATIONS)
     differing = sorted(k for k in both if not _same(ours[k], theirs[k]))
     if differing:
@@ -170,7 +174,7 @@ def check_same_run(first: Recording, second: Recording) -> list[str]:
         f"{key} is recorded only in {where.path} ({where.config[key]!r})"
         for where, other in ((first, second), (second, first))
         for key in sorted(set(where.config) - set(other.config) - set(LOCATIONS))
-        if key not in EARLIER_MEANING
+        if key not in earlier_meanings(CATALOG)
     ]
 
 
@@ -180,7 +184,7 @@ def replay_config(
     """The recorded config as it ran, with fresh ``results-dir`` / ``state-dir`` under
     ``out``, no ``resume`` and the ``--set`` paths; validated before any work. Returns it
     and notes for the user (keys the file does not record run with today's defaults)."""
-    from fedreg_app.registry import load_config  # the algorithms bring torch: not at start
+    from fedreg_app.registry import CATALOG, load_config  # the algorithms bring torch
 
     refused = sorted(set(overrides) - set(SETTABLE))
     if refused:
@@ -189,7 +193,7 @@ def replay_config(
             f"{', '.join(SETTABLE)} (where the same inputs lie on this machine, how the "
             "steps are launched) may be set"
         )
-    recorded = as_ran(recording.config)  # keys its version lacked, as it ran them
+    recorded = as_ran(recording.config, CATALOG)  # keys its version lacked, as it ran them
     check_declared(recorded, declared, f"the recorded config (in {recording.path}); "
                    "it was made by another version of the app")  # fmt: skip
     config = {**recorded, **overrides, "resume": "", "results-dir": str(out / "results")}

@@ -292,7 +292,9 @@ def document_problem(document: Any) -> str | None:
             return f"run.{key} is {run[key]!r}; expected a string"
     if run_status(document) not in (*FINISHED, *UNFINISHED):
         return None  # failed or unknown: reported as skipped with what it says
-    return record_problem(document) or status_problem(document)
+    from fedreg_app.registry import ended_after  # the algorithms bring torch: not at start
+
+    return record_problem(document, ended_after) or status_problem(document, ended_after)
 
 
 def placement_problem(path: Path, document: dict[str, Any]) -> str | None:
@@ -375,7 +377,10 @@ def seal_problem(seal: Seal | None, document: dict[str, Any]) -> str | None:
             return problem
     # a resume that extends a run (num-server-rounds, eval-every) writes its config into
     # results.json at once and into the checkpoint only with its first round
-    changed = setting_differences(document["config"], seal.run_config, RESUMABLE_CHANGES)
+    from fedreg_app.registry import CATALOG  # the algorithms bring torch: not at start
+
+    changed = setting_differences(document["config"], seal.run_config, CATALOG,
+                                  RESUMABLE_CHANGES)  # fmt: skip
     if changed:
         return f"its config is not its checkpoint's ({'; '.join(changed[:3])}): edited?"
     return None
@@ -408,7 +413,9 @@ def read_document(path: Path) -> dict[str, Any]:
     config = document.get("config")  # a failed record's is not checked: maybe none
     if not isinstance(config, dict):
         return document
-    return {**document, "config": as_ran(config)}  # an earlier version's: as it ran
+    from fedreg_app.registry import CATALOG  # the algorithms bring torch: not at start
+
+    return {**document, "config": as_ran(config, CATALOG)}  # an earlier version's: as it ran
 
 
 #: A seed left out of its cell's figures: its run is of another setting than the others'.
@@ -435,8 +442,10 @@ def one_setting(results: list[RunResult]) -> tuple[list[RunResult], list[Skipped
 
 
 def _setting_gap(reference: RunResult, run: RunResult) -> list[str]:
+    from fedreg_app.registry import CATALOG  # the algorithms bring torch: not at start
+
     gap = setting_differences(
-        run.document["config"], reference.document["config"], ignore=("seed",)
+        run.document["config"], reference.document["config"], CATALOG, ignore=("seed",)
     )
     return gap + clients_difference(run.document, reference.clients)
 
@@ -554,7 +563,10 @@ def read_run(path: Path) -> RunResult:
     if status in (INVALID, UNREADABLE):
         error = str(document["run"]["error"]).removeprefix(f"{file.name}: ")
         raise ConfigError(f"{file}: {status}: {error}")
-    problem = None if status in (*FINISHED, *UNFINISHED) else record_problem(document)
+    from fedreg_app.registry import ended_after  # the algorithms bring torch: not at start
+
+    done = status in (*FINISHED, *UNFINISHED)
+    problem = None if done else record_problem(document, ended_after)
     if problem:
         error = document["run"].get("error")
         why = f" ({status}: {first_line(error)})" if error else ""

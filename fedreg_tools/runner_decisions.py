@@ -169,7 +169,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     if spec.keeps_state and checkpoint.state_key != folder.name:  # as the ServerApp refuses
         problem = f"its checkpoint belongs to the run folder {checkpoint.state_key!r} (a copy)"
         return _damaged(folder, problem, restart_damaged)
-    from fedreg_app.registry import get_algorithm, load_config
+    from fedreg_app.registry import CATALOG, get_algorithm, load_config
 
     try:
         config = load_config({**declared, **spec.run_config, "resume": str(folder)})
@@ -179,7 +179,7 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     # The ServerApp lets a resume change num-server-rounds and eval-every (a deployed run
     # extended); a grid's run resumed so would mix two settings' rounds under the new one
     # (rounds evaluated that an uninterrupted run never evaluates): it starts anew.
-    changed = setting_differences(config.to_run_config(), checkpoint.run_config)
+    changed = setting_differences(config.to_run_config(), checkpoint.run_config, CATALOG)
     if changed:
         return Attempt(note=(f"{folder} was made with another setting ({'; '.join(changed)}); "
                              "starting the run anew"))  # fmt: skip

@@ -205,7 +205,9 @@ class RunSpec:
         recorded = document.get("config")
         if not isinstance(recorded, dict):
             return ["config: not recorded"]
-        return setting_differences(recorded, self.setting) + clients_difference(
+        from fedreg_app.registry import CATALOG  # the algorithms bring torch: not at start
+
+        return setting_differences(recorded, self.setting, CATALOG) + clients_difference(
             document, self.clients
         )
 

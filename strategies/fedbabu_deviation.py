@@ -11,6 +11,7 @@ R is written into results.json (``run.fine_tune_round``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from clients.fedbabu_deviation import FINETUNE_PHASE, DeviationOptions
-from fedreg_app.core.config import RunConfig
+from fedreg_app.core.config import RunConfig, is_whole
+from fedreg_app.core.metrics import ENDED_AFTER_ROUND
 from fedreg_app.core.models import BASE, HEAD_G
 from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.fedbabu import FedBABUStrategy
@@ -41,6 +43,18 @@ def deviation_round(sigmas: list[float], epsilon: float) -> int | None:
         if first < 0 and abs(second) < epsilon:
             return t
     return None
+
+
+def recorded_end(document: Mapping[str, Any]) -> int | None:
+    """The round a deviation-tracking record says its run ended after:
+    ``run.ended_after_round`` (its fine-tuning done), or, in records written before that
+    key, its fine-tune round R plus its F rounds (None when it says neither)."""
+    run, config = document["run"], document["config"]
+    ended = run.get(ENDED_AFTER_ROUND)
+    if ended is None and is_whole(run.get("fine_tune_round")):
+        finetune = config.get("deviation-finetune-rounds")
+        ended = run["fine_tune_round"] + finetune if is_whole(finetune) else None
+    return ended
 
 
 class FedBABUDeviationStrategy(FedBABUStrategy):

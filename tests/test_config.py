@@ -14,7 +14,7 @@ from fedreg_app.core.checkpoint import Checkpoint
 from fedreg_app.core.config import MAX_SEED, ONE_LAYER_HEADS, ConfigError
 from fedreg_app.core.data import DatasetInfo
 from fedreg_app.core.models import initial_model
-from fedreg_app.registry import ALGORITHMS, declared_keys, get_algorithm, load_config
+from fedreg_app.registry import ALGORITHMS, CATALOG, declared_keys, get_algorithm, load_config
 from tests.inprocess import results, run_server
 
 
@@ -242,10 +242,11 @@ def test_a_record_of_an_earlier_version_is_compared_and_replayed_as_it_ran(tmp_p
 
     today = load_config({}).to_run_config()
     earlier = {k: v for k, v in today.items() if k != "dirichlet-balance"}
-    assert setting_differences(today, earlier) == ["dirichlet-balance=True, not False"]
-    assert setting_differences({**today, "dirichlet-balance": False}, earlier) == []
-    assert as_ran(earlier)["dirichlet-balance"] is False and as_ran(today) == {
-        **as_ran(today), "dirichlet-balance": True}  # fmt: skip
+    differ = ["dirichlet-balance=True, not False"]
+    assert setting_differences(today, earlier, CATALOG) == differ
+    assert setting_differences({**today, "dirichlet-balance": False}, earlier, CATALOG) == []
+    assert as_ran(earlier, CATALOG)["dirichlet-balance"] is False and as_ran(
+        today, CATALOG) == {**as_ran(today, CATALOG), "dirichlet-balance": True}  # fmt: skip
     recording = Recording(tmp_path / "results.json", earlier, 4, [], {})
     config, notes = replay_config(recording, {}, tmp_path, declared_keys())
     assert config["dirichlet-balance"] is False
@@ -257,25 +258,31 @@ def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
     """A shard or natural partition's earlier record must not be read as
     `dirichlet-balance = false` (a key that cannot change it): its resume would be refused
     and its finished run taken for another setting; nor may a FedAvg record get FedBABU's
-    `finetune-when`. The algorithm keys apply to the algorithms that declare them."""
+    `finetune-when`. The algorithm keys apply to the algorithms that declare them, and
+    the shared config names no algorithm."""
     from fedreg_app.core.config import (
         EARLIER_MEANING,
-        MEANING_APPLIES,
         RunConfig,
         as_ran,
+        earlier_meanings,
         setting_differences,
     )
 
-    for key in EARLIER_MEANING.keys() & MEANING_APPLIES.keys() - {"dirichlet-balance"}:
+    assert not set(EARLIER_MEANING) - set(RunConfig.core_keys())
+    for key in earlier_meanings(CATALOG).keys() - EARLIER_MEANING.keys():
         declaring = {name for name, a in ALGORITHMS.items() if key in a.options.declared()}
-        assert declaring == {name for name in ALGORITHMS if MEANING_APPLIES[key]({"algo": name})}
+        applying = {name for name in ALGORITHMS if key in as_ran({"algo": name}, CATALOG)}
+        assert declaring == applying and declaring, key
     shard = {"algo": "fedavg", "partition": "shard", "seed": 0}
-    assert "dirichlet-balance" not in as_ran(shard) and "finetune-when" not in as_ran(shard)
+    assert "dirichlet-balance" not in as_ran(shard, CATALOG)
+    assert "finetune-when" not in as_ran(shard, CATALOG)
     today = {**shard, "dirichlet-balance": True}
-    assert setting_differences(today, shard) == []
-    assert as_ran({"algo": "fedbabu"})["finetune-when"] == "every-eval"
-    assert as_ran({"algo": "fedavg"})["dirichlet-balance"] is False  # dirichlet by default
-    assert as_ran(shard)["drop-last"] is False  # every algorithm, every partition
+    assert setting_differences(today, shard, CATALOG) == []
+    assert as_ran({"algo": "fedbabu"}, CATALOG)["finetune-when"] == "every-eval"
+    assert as_ran({"algo": "fedbabu-deviation"}, CATALOG).get("finetune-when") is None
+    assert as_ran({}, CATALOG)["fedreg-schedule"] == "sequential"  # fedreg by default
+    assert as_ran({"algo": "fedavg"}, CATALOG)["dirichlet-balance"] is False  # dirichlet
+    assert as_ran(shard, CATALOG)["drop-last"] is False  # every algorithm, every partition
     assert RunConfig().drop_last is True
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from clients.fedreg import FedReGOptions
-from fedreg_app.core.config import EARLIER_MEANING, RunConfig
-from fedreg_app.registry import load_config
+from fedreg_app.core.config import RunConfig, earlier_meanings
+from fedreg_app.registry import CATALOG, load_config
 from fedreg_tools.replay import LOCATIONS
 from fedreg_tools.runner_plan import Experiment, plan
 
@@ -35,6 +35,8 @@ def test_declared_defaults_are_valid_and_match_the_dataclass() -> None:
 
 
 RESULTS_DOC = (PROJECT / "docs" / "results.md").read_text()
+#: Every key's earlier meaning, the shared keys' and each algorithm's own.
+EARLIER = earlier_meanings(CATALOG)
 COMMITTED = sorted((PROJECT / "results").glob("**/seed*/results.json"))
 
 
@@ -45,7 +47,7 @@ def test_a_committed_run_is_a_run_of_its_config_file_as_it_stands(path: Path, tm
     names its experiment, key for key (``auto`` resolved as the run resolved it). A key
     added since is absent from the record; it must default to what the run did (it is
     today's declared default, so a replay runs the same thing), unless the default
-    changed with the key (:data:`EARLIER_MEANING`): then the figures are of the earlier
+    changed with the key (:func:`earlier_meanings`): then the figures are of the earlier
     setting, which the record names by the key's absence and ``docs/results.md`` in
     words, and a replay runs it (:func:`as_ran`)."""
     experiment_name, cell, seed = path.parts[-4], path.parts[-3], int(path.parts[-2][4:])
@@ -62,8 +64,8 @@ def test_a_committed_run_is_a_run_of_its_config_file_as_it_stands(path: Path, tm
         assert key in planned, f"{path}: records {key}, which the app no longer declares"
         if key in recorded:
             assert recorded[key] == planned[key], f"{path}: {key} ran as {recorded[key]!r}"
-        elif key in EARLIER_MEANING:
-            assert f"`{key} = {json.dumps(EARLIER_MEANING[key])}`" in RESULTS_DOC, (
+        elif key in EARLIER:
+            assert f"`{key} = {json.dumps(EARLIER[key])}`" in RESULTS_DOC, (
                 f"{path}: ran before {key} existed; docs/results.md must say so"
             )
         else:

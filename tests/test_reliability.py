@@ -24,7 +24,7 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedreg_app import client_app, nodes, server_app
+from fedreg_app import client_app, nodes
 from fedreg_app.core.checkpoint import Checkpoint
 from fedreg_app.core.config import ConfigError
 from fedreg_app.core.data import PartitionKey, data_digest, split_digests
@@ -1413,23 +1413,24 @@ def test_only_an_algorithm_that_ends_early_may_record_fewer_rounds() -> None:
     """A `completed` FedAvg record cut to 1 of its 4 rounds, with
     `run.ended_after_round = 1` added, does not pass as finished; nor does one whose
     num-server-rounds is missing, "4" or 4.0 (the round count is checked)."""
-    from fedreg_app.core.metrics import ENDS_EARLY
-    from fedreg_app.registry import ALGORITHMS
+    from fedreg_app.registry import ALGORITHMS, ended_after
     from strategies.base import PersonalizedStrategy
 
     overriding = {name for name, algorithm in ALGORITHMS.items()
                   if algorithm.strategy.finished is not PersonalizedStrategy.finished}  # fmt: skip
-    assert overriding == ENDS_EARLY
+    assert overriding == {name for name, a in ALGORITHMS.items() if a.recorded_end is not None}
     round_ = {"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
               "train_seconds": 1.0, "eval_seconds": 1.0}  # fmt: skip
     cut = {"run": {"status": "completed", "ended_after_round": 1}, "rounds": [round_],
            "config": {"algo": "fedavg", "num-server-rounds": 4}}  # fmt: skip
-    assert "records 1 of the 4 rounds" in status_problem(cut)
+    assert "records 1 of the 4 rounds" in status_problem(cut, ended_after)
     ended = {**cut, "config": {"algo": "fedbabu-deviation", "num-server-rounds": 4}}
-    assert status_problem(ended) is None
+    assert status_problem(ended, ended_after) is None
+    assert "records 1 of the 4 rounds" in status_problem(ended)  # no algorithm may end early
     for count in ("4", 4.0, None):
         config = {"algo": "fedavg", **({} if count is None else {"num-server-rounds": count})}
-        assert "config.num-server-rounds is" in status_problem({**cut, "config": config})
+        problem = status_problem({**cut, "config": config}, ended_after)
+        assert "config.num-server-rounds is" in problem
 
 
 def test_a_seal_written_before_a_field_was_added_still_holds() -> None:

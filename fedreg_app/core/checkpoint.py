@@ -154,7 +154,8 @@ class Checkpoint:
         """A resumed run must be the same experiment: same algorithm, data, seed, ...;
         ``fixed``: keys of :data:`RESUMABLE_CHANGES` the algorithm needs kept too."""
         now = config.to_run_config()
-        for key, then in sorted(as_ran(self.run_config).items()):  # an earlier version's too
+        catalog = {config.algo: type(config.options)}  # the algorithm's own keys' meanings
+        for key, then in sorted(as_ran(self.run_config, catalog).items()):  # earlier's too
             if (key in RESUMABLE_CHANGES and key not in fixed) or now.get(key, then) == then:
                 continue
             why = (

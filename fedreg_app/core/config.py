@@ -103,6 +103,9 @@ class AlgorithmOptions:
     #: cuts FedPer, FedRep, FedBABU, FedRoD, LG-FedAvg and GPFL at ``model.fc`` (one
     #: layer); ``002``-``004`` take "the last fully connected layer". FedReG overrides it.
     default_head_depth: ClassVar[int] = 1
+    #: This algorithm's keys added after runs of it were recorded, whose default is not
+    #: what those runs did: key -> the value they ran with (see :func:`as_ran`).
+    earlier_meaning: ClassVar[Mapping[str, Any]] = {}
 
     @classmethod
     def declared(cls) -> dict[str, Any]:
@@ -141,11 +144,10 @@ class RunConfig:
 
     algo: str = core_key(
         "fedreg",
-        "an algorithm's name (see meaning)",
-        doc="The algorithm: `fedreg`; the FedReG paper's baselines `fedavg`, `fedprox`, "
-        "`feddyn`, `ditto`, `fedper`, `fedrep`, `fedbabu`, `gpfl`, `fedrod`; the related "
-        "methods `fedbabu-deviation`, `fedavg2rep`, `fedseq-vanilla`, `fedseq-anti`, "
-        "`lg-fedavg`; the references `local` and `centralised`, on the same partition.",
+        "an algorithm's name in the registry",
+        doc="The algorithm, by its name in `fedreg_app/registry.py` ([Algorithms]"
+        "(algorithms.md) describes each: FedReG, the FedReG paper's baselines, the related "
+        "methods and two references). Every algorithm runs on the same partition.",
         source="our choice: the paper's algorithm (`000`)",
     )
     dataset: str = core_key(
@@ -653,7 +655,7 @@ def refuse_relative_paths(run_config: Mapping[str, Any], named: str = "") -> Non
     a relative path would be read against another folder than the user's. ``~`` is fine.
     ``fedreg-experiment`` and ``fedreg-replay`` make such paths absolute before they submit
     a run; a SuperNode's own ``--node-config dataset-path`` is read in the SuperNode's
-    working directory, where it was started (see ``fedreg_app.client_app``)."""
+    working directory, where it was started (the ClientApp's node config)."""
     for key in INPUT_PATH_KEYS:
         value = run_config.get(key)
         if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
@@ -684,51 +686,55 @@ def is_whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-#: Keys added after runs were recorded, whose default is not what those runs did: the
-#: value with which a recorded config that lacks the key ran (before 0.4.0 every epoch
+#: Shared keys added after runs were recorded, whose default is not what those runs did:
+#: the value with which a recorded config that lacks the key ran (before 0.4.0 every epoch
 #: trained its last partial batch; before 0.3.0 every Dirichlet partition was drawn
-#: without self-balancing; before 0.2.0 optimizers were made afresh, FedReG ran its
-#: steps in sequence, Ditto's personal model started from the global one and FedBABU
-#: fine-tuned before every evaluation). Read every recorded config through
-#: :func:`as_ran`, or an old record passes for the current default setting.
+#: without self-balancing; before 0.2.0 optimizers were made afresh). An algorithm's own
+#: keys say theirs on its options (:attr:`AlgorithmOptions.earlier_meaning`). Read every
+#: recorded config through :func:`as_ran`, or an old record passes for the current
+#: default setting.
 EARLIER_MEANING: dict[str, Any] = {
     "dirichlet-balance": False,
     "drop-last": False,
     "optimizer-state": "fresh",
-    "fedreg-schedule": "sequential",
-    "ditto-personal-init": "global",
-    "finetune-when": "every-eval",
-}
-
-#: Where an earlier meaning applies: the algorithms that declare an algorithm key (a
-#: FedAvg record never had FedBABU's), the partitions a partition key changes.
-MEANING_APPLIES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
-    "dirichlet-balance": lambda c: c.get("partition", "dirichlet") in DIRICHLET_PARTITIONS,
-    "fedreg-schedule": lambda c: c.get("algo", "fedreg") == "fedreg",
-    "ditto-personal-init": lambda c: c.get("algo") == "ditto",
-    "finetune-when": lambda c: c.get("algo") == "fedbabu",
 }
 DIRICHLET_PARTITIONS = ("dirichlet", "dirichlet-topup")
 
 
-def as_ran(recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """A recorded run config with the keys its version lacked, where they matter to its
-    algorithm and partition, set to what it did."""
-    missing = {key: value for key, value in EARLIER_MEANING.items() if key not in recorded
-               and MEANING_APPLIES.get(key, lambda _: True)(recorded)}  # fmt: skip
+def earlier_meanings(catalog: Catalog) -> dict[str, Any]:
+    """Every key's earlier meaning: the shared keys' and each algorithm's own."""
+    every = dict(EARLIER_MEANING)
+    for options in catalog.values():
+        every.update(options.earlier_meaning)
+    return every
+
+
+def as_ran(recorded: Mapping[str, Any], catalog: Catalog) -> dict[str, Any]:
+    """A recorded run config with the keys its version lacked, where they matter to it,
+    set to what it did: a shared key's earlier meaning (``dirichlet-balance`` only for a
+    Dirichlet partition), and those of the recorded algorithm's own keys (``catalog``,
+    the registry's: a FedAvg record never had FedBABU's keys)."""
+    applies = dict(EARLIER_MEANING)
+    if recorded.get("partition", "dirichlet") not in DIRICHLET_PARTITIONS:
+        applies.pop("dirichlet-balance")
+    options = catalog.get(recorded.get("algo", RunConfig.algo))
+    if options is not None:
+        applies.update(options.earlier_meaning)
+    missing = {key: value for key, value in applies.items() if key not in recorded}
     return {**missing, **recorded}
 
 
 def setting_differences(
-    ours: Mapping[str, Any], theirs: Mapping[str, Any], ignore: Iterable[str] = ()
-) -> list[str]:
+    ours: Mapping[str, Any], theirs: Mapping[str, Any], catalog: Catalog,
+    ignore: Iterable[str] = (),
+) -> list[str]:  # fmt: skip
     """Where two recorded run configs are not one setting: ``key=ours, not theirs`` for
     each key both record with different values, leaving out :data:`PLACE_KEYS` and
     ``ignore``; a key one record lacks is read as its version ran it (:func:`as_ran`) or,
     where that is not known, not judged. Why: figures are published per setting, so runs
     of another setting must never be counted as this one's (a finished run of an edited
     config, a seed run elsewhere, a run of an earlier version)."""
-    ours, theirs = as_ran(ours), as_ran(theirs)
+    ours, theirs = as_ran(ours, catalog), as_ran(theirs, catalog)
     skipped = PLACE_KEYS | set(ignore)
     return [
         f"{key}={ours[key]!r}, not {theirs[key]!r}"

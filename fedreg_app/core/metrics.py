@@ -27,7 +27,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -259,7 +259,7 @@ def clients_problem(record: dict[str, Any], number: int, clients: int | None) ->
     return None
 
 
-def record_problem(document: Any) -> str | None:
+def record_problem(document: Any, ended_after: EndedAfter | None = None) -> str | None:
     """Why a results.json is not a consistent record of its rounds (None when it is),
     whatever its status: its rounds in place and in range, no more of them than the run
     plans, and the run-level figures (best accuracies, totals) those the rounds give.
@@ -283,7 +283,7 @@ def record_problem(document: Any) -> str | None:
         problem = round_problem(record, number, clients) or coverage_problem(record, run)
         if problem:
             return problem
-    planned = planned_rounds(document)
+    planned = planned_rounds(document, ended_after)
     if planned is not None and len(rounds) > planned:
         return f"it records {len(rounds)} rounds, more than the {planned} the run plans"
     return figures_problem(document, rounds)
@@ -317,27 +317,20 @@ def coverage_problem(record: dict[str, Any], run: dict[str, Any]) -> str | None:
 ENDED_AFTER_ROUND = "ended_after_round"
 
 
-#: The algorithms that may end a run before ``num-server-rounds`` (their strategies
-#: override ``finished``): only their records may say ``run.ended_after_round``.
-ENDS_EARLY = frozenset({"fedbabu-deviation"})
+#: The round a record says its run ended after, where its algorithm may end a run before
+#: ``num-server-rounds`` (None where it cannot: an edited file cannot shorten the run).
+#: The registry's, which knows the algorithms (this module sits below them).
+EndedAfter = Callable[[dict[str, Any]], int | None]
 
 
-def planned_rounds(document: dict[str, Any]) -> int | None:
+def planned_rounds(document: dict[str, Any], ended_after: EndedAfter | None = None) -> int | None:
     """The rounds a finished run has: ``num-server-rounds``, or, for an algorithm that
-    may end early (:data:`ENDS_EARLY`), the round it ended the run after
-    (``run.ended_after_round``: deviation tracking's fine-tuning done; in records written
-    before that key, its fine-tune round R plus its F rounds). None when the config
-    names no round count (:func:`status_problem` refuses that)."""
-    run, config = document["run"], document["config"]
-    planned = config.get("num-server-rounds")
+    may end early, the round it ended the run after (``ended_after``). None when the
+    config names no round count (:func:`status_problem` refuses that)."""
+    planned = document["config"].get("num-server-rounds")
     if not is_count(planned):
         return None
-    if config.get("algo") not in ENDS_EARLY:  # an edited file cannot shorten the run
-        return planned
-    ended = run.get(ENDED_AFTER_ROUND)
-    if ended is None and is_whole(run.get("fine_tune_round")):
-        finetune = config.get("deviation-finetune-rounds")
-        ended = run["fine_tune_round"] + finetune if is_whole(finetune) else None
+    ended = None if ended_after is None else ended_after(document)
     return ended if is_whole(ended) and ended <= planned else planned
 
 
@@ -359,7 +352,7 @@ def figures_problem(document: dict[str, Any], rounds: list[dict[str, Any]]) -> s
     return None
 
 
-def status_problem(document: dict[str, Any]) -> str | None:
+def status_problem(document: dict[str, Any], ended_after: EndedAfter | None = None) -> str | None:
     """A finished run's status must be what its rounds say (``ResultsWriter.finish``
     decides it from them): every planned round recorded, and ``degraded`` exactly when
     some round had a reply missing or rejected, a client not evaluated or a state reset.
@@ -367,7 +360,7 @@ def status_problem(document: dict[str, Any]) -> str | None:
     status, rounds = document["run"].get("status"), document["rounds"]
     if status not in (COMPLETED, DEGRADED):
         return None
-    planned = planned_rounds(document)
+    planned = planned_rounds(document, ended_after)
     if planned is None:
         found = document["config"].get("num-server-rounds", "missing")
         return f"config.num-server-rounds is {found!r}; expected an integer >= 1"
