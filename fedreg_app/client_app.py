@@ -79,7 +79,7 @@ from fedreg_app.core.protocol import (
 )
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.training import select_device
-from fedreg_app.registry import get_algorithm, load_config
+from fedreg_app.registry import Algorithm, algorithm_of, load_config
 from strategies.base import ModelParts, PersonalizedStrategy
 
 DATASET_PATH = "dataset-path"
@@ -301,7 +301,7 @@ def query(msg: Message, context: Context) -> Message:
                          "expected true/false")  # fmt: skip
     if asked:
         setup = client_setup(context)  # central DP asks once for the weights
-        metrics.update(get_algorithm(setup.config.algo).client(setup).aggregation_weights())
+        metrics.update(algorithm_of(setup.config).client(setup).aggregation_weights())
     return Message(RecordDict({METRICS: metrics}), reply_to=msg)
 
 
@@ -318,9 +318,11 @@ def server_round_of(msg: Message) -> int:
     return value
 
 
-def procedure_for(setup: ClientSetup, msg: Message) -> tuple[ClientProcedure, dict]:
+def procedure_for(
+    algorithm: Algorithm, setup: ClientSetup, msg: Message
+) -> tuple[ClientProcedure, dict]:
     """The algorithm's client procedure for this node, and the server's arrays."""
-    procedure = get_algorithm(setup.config.algo).client(setup)
+    procedure = algorithm.client(setup)
     procedure.server_config = dict(msg.content[CONFIG])
     if ARRAYS not in msg.content.array_records:
         raise ValueError(f"the server's message has no {ARRAYS!r} record (the model)")
@@ -374,7 +376,7 @@ def timings(received: float, computed: float) -> dict[str, float]:
     return {COMPUTE_SECONDS: computed, HANDLER_SECONDS: time.perf_counter() - received}
 
 
-Work = Callable[[ClientProcedure, dict, int, Message], tuple[dict, dict | None]]
+Work = Callable[[Algorithm, ClientProcedure, dict, int, Message], tuple[dict, dict | None]]
 
 
 def handle(msg: Message, context: Context, work: Work) -> Message:
@@ -383,10 +385,11 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
     received = time.perf_counter()
     server_round = server_round_of(msg)  # before any state is read or written
     setup = client_setup(context)
+    algorithm = algorithm_of(setup.config)  # resolved once for the whole message
     with persistent_state(msg, context, setup, server_round) as outcome:
-        procedure, arrays = procedure_for(setup, msg)
+        procedure, arrays = procedure_for(algorithm, setup, msg)
         started = time.perf_counter()
-        metrics, reply_arrays = work(procedure, arrays, server_round, msg)
+        metrics, reply_arrays = work(algorithm, procedure, arrays, server_round, msg)
         refuse_non_finite(context.state, reply_arrays, server_round)  # before any commit
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
     seconds = timings(received, time.perf_counter() - started)
@@ -414,19 +417,24 @@ def refuse_non_finite(state: RecordDict, reply_arrays: dict | None, server_round
                 )
 
 
-def train_work(procedure: ClientProcedure, arrays: dict, server_round: int, msg: Message) -> tuple:
+def train_work(
+    algorithm: Algorithm, procedure: ClientProcedure, arrays: dict, server_round: int,
+    msg: Message,
+) -> tuple:  # fmt: skip
     """Train; under local DP clip and noise the update before it leaves the client."""
     if procedure.config.dp_mode != "local":
         result = procedure.train(arrays, server_round)
         return result.metrics, result.arrays
-    reference = dp_reference(procedure, arrays, msg, server_round)  # before training
+    reference = dp_reference(algorithm, procedure, arrays, msg, server_round)  # before training
     result = procedure.train(arrays, server_round)
     noisy = privatise_locally(result.arrays, reference, procedure.config,
                               procedure.data.partition_id, server_round)  # fmt: skip
     return result.metrics, noisy
 
 
-def dp_reference(procedure: ClientProcedure, sent: dict, msg: Message, server_round: int) -> dict:
+def dp_reference(
+    algorithm: Algorithm, procedure: ClientProcedure, sent: dict, msg: Message, server_round: int
+) -> dict:
     """What local DP clips the update around: the sent arrays and the server's
     reference for the rest of the update. Each reference entry must be an entry of the
     model the server did not send, with its shape and dtype and finite values (as the
@@ -443,7 +451,7 @@ def dp_reference(procedure: ClientProcedure, sent: dict, msg: Message, server_ro
             raise ValueError(f"{DP_REFERENCE}: key {key!r} {why}: expected model entries not sent")
         checked_value(f"{DP_REFERENCE}: {key}", value, own[key])
         reference[key] = value
-    missing = sorted(reply_keys(procedure.setup, server_round) - set(reference))
+    missing = sorted(reply_keys(algorithm, procedure.setup, server_round) - set(reference))
     if missing:
         raise ValueError(
             f"{DP_REFERENCE}: no reference for {missing[:3]}{' …' if len(missing) > 3 else ''} "
@@ -453,30 +461,31 @@ def dp_reference(procedure: ClientProcedure, sent: dict, msg: Message, server_ro
     return reference
 
 
-def reply_keys(setup: ClientSetup, server_round: int) -> set[str]:
+def reply_keys(algorithm: Algorithm, setup: ClientSetup, server_round: int) -> set[str]:
     """The entries a training reply of ``server_round`` carries, named by the server's
     own strategy code for this run (as the server checks the reply against)."""
-    strategy, current = reply_view(setup.config, setup.info)
+    strategy, current = reply_view(algorithm, setup.config, setup.info)
     return set(strategy.expected_reply_arrays(server_round, current))
 
 
 @functools.lru_cache(maxsize=4)
 def reply_view(
-    config: RunConfig, info: DatasetInfo
+    algorithm: Algorithm, config: RunConfig, info: DatasetInfo
 ) -> tuple[PersonalizedStrategy, dict[str, np.ndarray]]:
     """The run's strategy and the server's initial model entries, built once per process
     and run (not per training message), for local DP's reference: only the entries'
     names are read from them (which entries a reply carries can depend on the strategy's
     round schedule, FedSeq's layers)."""
-    strategy = get_algorithm(config.algo).strategy(config)
-    model = server_model(config, info)
+    strategy = algorithm.strategy(config)
+    model = server_model(algorithm, config, info)
     strategy.prepare_model(model)
     return strategy, {key: value.numpy() for key, value in model.state_dict().items()}
 
 
 def evaluate_work(
-    procedure: ClientProcedure, arrays: dict, server_round: int, msg: Message
-) -> tuple:
+    algorithm: Algorithm, procedure: ClientProcedure, arrays: dict, server_round: int,
+    msg: Message,
+) -> tuple:  # fmt: skip
     """Personal and (when the server sends the rest of it) global model, one pass."""
     global_parts = None
     if GLOBAL_ARRAYS in msg.content.array_records:
@@ -486,24 +495,24 @@ def evaluate_work(
             raise ValueError(f"{GLOBAL_ARRAYS}: keys {overlap} are also in the sent arrays: "
                              "expected only the entries not sent")  # fmt: skip
         whole = {**arrays, **rest}
-        global_parts = global_model_parts(procedure.setup, whole)
+        global_parts = global_model_parts(algorithm, procedure.setup, whole)
     return procedure.evaluate(arrays, server_round, global_parts), None
 
 
-def global_model_parts(setup: ClientSetup, arrays: dict) -> ModelParts:
+def global_model_parts(algorithm: Algorithm, setup: ClientSetup, arrays: dict) -> ModelParts:
     """The global model, built exactly as the server's strategy builds it, by the same
     class-level code and without a strategy (e.g. GPFL's head on the valve conditioned by
     the mean condition)."""
-    strategy = get_algorithm(setup.config.algo).strategy
-    model = server_model(setup.config, setup.info)
-    return strategy.global_parts(setup.config, model.to(select_device(setup.config.device)), arrays)
+    model = server_model(algorithm, setup.config, setup.info)
+    device = select_device(setup.config.device)
+    return algorithm.strategy.global_parts(setup.config, model.to(device), arrays)
 
 
-def server_model(config: RunConfig, info: DatasetInfo) -> SplitModel:
+def server_model(algorithm: Algorithm, config: RunConfig, info: DatasetInfo) -> SplitModel:
     """The server's model (its initial weights, on the CPU), built by the same code as
     on the server."""
     model = initial_model(info, config)
-    get_algorithm(config.algo).strategy.add_modules(config, model)
+    algorithm.strategy.add_modules(config, model)
     return model
 
 

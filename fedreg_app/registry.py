@@ -126,7 +126,14 @@ def federated_algorithm_names() -> list[str]:
     return sorted(name for name, algorithm in ALGORITHMS.items() if not algorithm.reference)
 
 
+def algorithm_of(config: RunConfig) -> Algorithm:
+    """The entry of a loaded config's algorithm: :func:`load_config` has checked the
+    name, so it is looked up, not checked again."""
+    return ALGORITHMS[config.algo]
+
+
 def get_algorithm(name: str) -> Algorithm:
+    """The entry of an algorithm named by hand (a command line, a test), checked."""
     if name not in ALGORITHMS:
         raise ConfigError(
             f"algo={name!r} is not allowed: expected one of {', '.join(algorithm_names())}"

@@ -82,7 +82,7 @@ from fedreg_app.nodes import (
     query_weights,
     wait_for_clients,
 )
-from fedreg_app.registry import get_algorithm, load_config
+from fedreg_app.registry import algorithm_of, load_config
 from strategies.base import PersonalizedStrategy
 from strategies.privacy import DifferentialPrivacy, check_privacy_allowed
 from strategies.replies import RunFacts
@@ -627,7 +627,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
         require_tensorboard()
     if config.private:
         require_accounting()
-    algorithm = get_algorithm(config.algo)
+    algorithm = algorithm_of(config)
     algorithm.strategy.check_config(config)
     check_privacy_allowed(config, algorithm.strategy)
     evaluation = algorithm.strategy.evaluation_of(config)

@@ -169,11 +169,11 @@ def decide(spec: RunSpec, declared: dict[str, Any], restart_damaged: bool = Fals
     if spec.keeps_state and checkpoint.state_key != folder.name:  # as the ServerApp refuses
         problem = f"its checkpoint belongs to the run folder {checkpoint.state_key!r} (a copy)"
         return _damaged(folder, problem, restart_damaged)
-    from fedreg_app.registry import CATALOG, get_algorithm, load_config
+    from fedreg_app.registry import CATALOG, algorithm_of, load_config
 
     try:
         config = load_config({**declared, **spec.run_config, "resume": str(folder)})
-        checkpoint.check_compatible(config, get_algorithm(config.algo).resume_fixed)
+        checkpoint.check_compatible(config, algorithm_of(config).resume_fixed)
     except ConfigError as err:
         return Attempt(note=f"{folder} cannot be resumed with this config ({err}); starting anew")
     # The ServerApp lets a resume change num-server-rounds and eval-every (a deployed run

@@ -397,7 +397,7 @@ def run_spec(
     """One run's config. Where the algorithm's clients keep state (FedReG's private head,
     Ditto's personal model, FedDyn's correction, ...), the run gets its own persistent
     ``state-dir`` in its seed folder (unless one is set), so that it can be resumed."""
-    from fedreg_app.registry import get_algorithm, load_config
+    from fedreg_app.registry import algorithm_of, load_config
 
     # absolute: its paths go into run configs (resume, results-dir, state-dir) that the
     # ServerApp reads in another working directory (a relative --out resumed nothing)
@@ -422,7 +422,7 @@ def run_spec(
             "variant may not change the algorithm or a grid key a cell is named by, and the "
             "grid may not set seed (--seeds does)"
         )
-    keeps_state = get_algorithm(config.algo).client.keeps_state(config)
+    keeps_state = algorithm_of(config).client.keeps_state(config)
     own_state_dir = keeps_state and not config.state_dir
     if own_state_dir:
         if (folder / STATE_FOLDER).is_symlink():  # the runner deletes it when the run ends

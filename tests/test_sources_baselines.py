@@ -20,7 +20,7 @@ from fedreg_app.core.models import BASE, HEAD_G, build_model
 from fedreg_app.core.protocol import GLOBAL_CORRECT, NUM_EXAMPLES, PERSONAL_CORRECT
 from fedreg_app.core.records import from_record
 from fedreg_app.core.training import count_correct_each, eval_batches
-from fedreg_app.registry import load_config
+from fedreg_app.registry import algorithm_of, load_config
 from strategies.fedavg2rep import FedAvg2RepStrategy
 from tests.test_baselines import recording
 from tests.test_clients import INFO, global_arrays, group, make_setup, same
@@ -35,13 +35,14 @@ def initial_arrays() -> dict[str, np.ndarray]:
 
 def evaluate(client, arrays: dict[str, np.ndarray], server_round: int) -> dict[str, int]:
     """Evaluate as the ClientApp does, the global model built from ``arrays`` included."""
-    return client.evaluate(arrays, server_round, global_model_parts(client.setup, arrays))
+    parts = global_model_parts(algorithm_of(client.setup.config), client.setup, arrays)
+    return client.evaluate(arrays, server_round, parts)
 
 
 @torch.no_grad()
 def logits(client, arrays: dict[str, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """The personal and the global model's logits on the client's test split."""
-    base, head = global_model_parts(client.setup, arrays)
+    base, head = global_model_parts(algorithm_of(client.setup.config), client.setup, arrays)
     personal, glob = [], []
     for x, _ in eval_batches(client.data.test, client.device):
         personal.append(client.personal_predict(x))
@@ -229,7 +230,7 @@ def test_fedavg2rep_personal_model_is_the_global_base_with_the_last_fedrep_head(
 def head_calls(client, arrays: dict[str, np.ndarray]) -> tuple[dict[str, int], int, int]:
     """Evaluate as the ClientApp does, counting the calls of the client's head and of the
     global model's head; also the number of evaluation batches."""
-    base, head = global_model_parts(client.setup, arrays)
+    base, head = global_model_parts(algorithm_of(client.setup.config), client.setup, arrays)
     calls = {"client": 0, "global": 0}
     for name, module in (("client", client.model.head_g), ("global", head)):
         module.register_forward_hook(lambda *_, n=name: calls.__setitem__(n, calls[n] + 1))
