@@ -86,7 +86,11 @@ class FedDynClient(FedAvgClient):
         ce = self.cross_entropy(self.model)
 
         def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return ce(x, y) - regulariser.linear() + alpha / 2 * regulariser.distance()
+            # the linear term's graph first, as FedDyn's recorded runs built it: the order
+            # in which the backward pass sums a parameter's gradients follows it, and a
+            # sum in another order differs in its last bits
+            linear = regulariser.linear()
+            return ce(x, y) - linear + alpha / 2 * regulariser.distance()
 
         return loss
 

@@ -19,7 +19,7 @@ from fedreg_app.core.config import ConfigError, RunConfig
 from fedreg_app.core.models import BASE, HEAD_G, HEAD_P
 from fedreg_app.core.partition_map import PartitionMap
 from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES, NUM_EXAMPLES, NUM_PROCESSED
-from fedreg_app.core.records import from_record
+from fedreg_app.core.records import from_record, to_record
 from fedreg_app.registry import load_config
 from strategies.feddyn import FedDynStrategy
 from strategies.fedper import FedPerStrategy
@@ -166,6 +166,55 @@ def test_feddyn_client_correction_update() -> None:
         np.testing.assert_allclose(value, -0.1 * (result.arrays[key] - start[key]), atol=1e-6)
     FedDynClient(setup).train(start, 2)  # a second round starts from the stored correction
     assert not same(from_record(setup.state[CORRECTION]), correction)
+
+
+class FormerFedDyn(FedDynClient):
+    """FedDyn's client as the recorded full-scale runs trained it, spelled out: the
+    linear term built before the cross-entropy in each step's graph."""
+
+    def local_loss(self, trainable):  # noqa: ANN001, ANN201
+        alpha = self.config.options_as(FedDynOptions).alpha
+        self.anchors = [p.detach().clone() for p in trainable]
+        state = self.setup.state
+        stored = from_record(state[CORRECTION]) if CORRECTION in state else {}
+        names = self.model.parameter_names_of(BASE, HEAD_G)
+        self.correction = [torch.as_tensor(stored[n]) if stored else torch.zeros_like(p)
+                           for n, p in zip(names, trainable, strict=True)]  # fmt: skip
+        ce = self.cross_entropy(self.model)
+
+        def loss(x, y):  # noqa: ANN001, ANN202
+            linear = sum((g * p).sum() for g, p in zip(self.correction, trainable, strict=True))
+            squared = sum(
+                ((p - a) ** 2).sum() for p, a in zip(trainable, self.anchors, strict=True)
+            )
+            return ce(x, y) - linear + alpha / 2 * squared
+
+        return loss
+
+    def after_local_training(self, trainable) -> None:  # noqa: ANN001
+        alpha = self.config.options_as(FedDynOptions).alpha
+        names = self.model.parameter_names_of(BASE, HEAD_G)
+        self.setup.state[CORRECTION] = to_record({
+            n: (g - alpha * (p.detach() - a)).numpy()
+            for n, g, p, a in zip(names, self.correction, trainable, self.anchors, strict=True)
+        })  # fmt: skip
+
+
+def test_feddyn_trains_bit_for_bit_as_its_recorded_runs_did() -> None:
+    """Three rounds from the stored correction (the linear term non-zero from round 2):
+    the weights sent and the correction kept are those of the spelled-out former client,
+    bit for bit. Building the linear term after the cross-entropy sums each gradient in
+    another order: the last bits differ, and so do replays of the committed records."""
+    setups = [make_setup(counts=(80, 40, 20, 60), algo="feddyn", **{"dyn-alpha": 0.1,
+              "local-epochs": 3}) for _ in range(2)]  # fmt: skip
+    arrays = [global_arrays(), global_arrays()]
+    for server_round in (1, 2, 3):
+        ours = FedDynClient(setups[0]).train(arrays[0], server_round).arrays
+        former = FormerFedDyn(setups[1]).train(arrays[1], server_round).arrays
+        assert same(ours, former), server_round
+        assert same(from_record(setups[0].state[CORRECTION]),
+                    from_record(setups[1].state[CORRECTION]))  # fmt: skip
+        arrays = [ours, former]
 
 
 def test_ditto_personal_model_is_pulled_toward_the_global_one() -> None:

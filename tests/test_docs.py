@@ -113,7 +113,7 @@ def test_the_algorithm_keys_are_shown_with_every_algorithm_that_reads_them() -> 
     assert readers["personal-epochs"] == {"ditto", "fedrep", "fedavg2rep"}
     assert "fedavg" in keyless_algorithms(CATALOG)
     algo = next(key for key in core_key_docs() if key.key == "algo")
-    assert [name for name in algorithm_names() if f"`{name}`" not in algo.doc] == []
+    assert [name for name in algorithm_names() if f"`{name}`" not in algo.allowed] == []
 
 
 def test_the_generator_rewrites_only_its_block_and_check_says_when_the_page_differs(
