@@ -454,7 +454,7 @@ def round_record(
     personal = evaluation.personal
     covered = coverage(evaluation, strategy.num_partitions, num_test)
     complete = covered is not None and covered["clients"] == covered["of_clients"]
-    on_clients = strategy.global_on_clients
+    on_clients = strategy.global_evaluation == "clients"
     client_accuracies = None
     if personal:
         partitions, accuracies = personal["client-partitions"], personal["client-accuracies"]

@@ -170,11 +170,12 @@ def check_same_run(first: Recording, second: Recording) -> list[str]:
     if differing:
         shown = "; ".join(f"{k}={ours[k]!r} vs {theirs[k]!r}" for k in differing)
         raise ConfigError(f"the two runs' configs differ ({shown}); not runs of the same config")
+    earlier = earlier_meanings(CATALOG)
     return [
         f"{key} is recorded only in {where.path} ({where.config[key]!r})"
         for where, other in ((first, second), (second, first))
         for key in sorted(set(where.config) - set(other.config) - set(LOCATIONS))
-        if key not in earlier_meanings(CATALOG)
+        if key not in earlier
     ]
 
 

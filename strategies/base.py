@@ -109,9 +109,9 @@ class PersonalizedStrategy(Strategy):
     group_weights: Mapping[str, str] = {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES}
     #: The groups clients receive; None: the whole global model.
     sent_groups: tuple[str, ...] | None = None
-    #: Whether clients evaluate the global model on their test splits (the server sums
-    #: the counts) or the ServerApp evaluates it on its own copy of the union test set
-    #: (where sending the global model to every client would cost too much, LG-FedAvg).
+    #: The algorithm's default for ``global-eval = "auto"``: clients evaluate the global
+    #: model on their test splits, or the ServerApp on its copy of the union test set
+    #: (LG-FedAvg: sending it to every client would cost too much). See ``evaluation_of``.
     global_on_clients: bool = True
     #: Whether an overridden ``aggregate_updates`` can work from ``average_updates``
     #: alone, when a wrapper lets the server see only the aggregate (FedDyn, FedReG);
@@ -132,7 +132,6 @@ class PersonalizedStrategy(Strategy):
         self._current: dict[str, np.ndarray] = {}
         #: What accepted replies said, which later replies must repeat (checkpointed).
         self.ledger = ReplyLedger()
-        self.global_on_clients = self.evaluation_of(config) == "clients"
         #: The aggregate that replaces the weighted average of the updates, where a
         #: wrapper lets the server see only an aggregate (None: the weighted average).
         self.release: Callable[[int, list[Update]], dict[str, np.ndarray]] | None = None
@@ -352,7 +351,7 @@ class PersonalizedStrategy(Strategy):
         everything = from_record(arrays)
         sent = self.arrays_to_send(everything, None)
         record = RecordDict({ARRAYS: to_record(sent), CONFIG: config})
-        if self.global_on_clients:  # the rest of the global model, for its evaluation
+        if self.global_evaluation == "clients":  # the rest of the global model, for it
             rest = {k: v for k, v in everything.items() if k not in sent}
             record[GLOBAL_ARRAYS] = to_record(rest)
         return self._messages(self.partitions.available(), record, MessageType.EVALUATE)
@@ -360,7 +359,8 @@ class PersonalizedStrategy(Strategy):
     def eval_reply_problem(self, msg: Message, partition_id: int) -> str:
         """Why an evaluation reply cannot be counted ("" if it can): see
         :func:`strategies.replies.eval_reply_problem`."""
-        counted = [PERSONAL_CORRECT, *([GLOBAL_CORRECT] if self.global_on_clients else [])]
+        on_clients = self.global_evaluation == "clients"
+        counted = [PERSONAL_CORRECT, *([GLOBAL_CORRECT] if on_clients else [])]
         return eval_reply_problem(
             msg, partition_id, self.facts, self.ledger, counted, self.model_size()
         )
@@ -377,7 +377,9 @@ class PersonalizedStrategy(Strategy):
         )
         self.ledger.test_sizes.update((int(r[PARTITION_ID]), int(r[NUM_TEST])) for r in results)
         return MetricRecord(
-            evaluation_summary(results, self.trained_partitions, self.global_on_clients)
+            evaluation_summary(
+                results, self.trained_partitions, self.global_evaluation == "clients"
+            )
         )
 
     @classmethod
