@@ -3,16 +3,18 @@ then hands the message to the algorithm's client procedure."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +30,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
+from clients.attacks import attackers, lie, lying_data
 from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.core.client_state import MISSING_VERSION, VersionedState
 from fedreg_app.core.config import (
@@ -71,6 +74,7 @@ from fedreg_app.core.protocol import (
     STATE_HELD,
     STATE_KEY,
     STATE_ON_DISK,
+    STATE_RESET_RECORDS,
     STATE_RESETS,
     STATE_ROUND,
     TORCH_VERSION,
@@ -80,7 +84,7 @@ from fedreg_app.core.protocol import (
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.training import select_device
 from fedreg_app.registry import Algorithm, algorithm_of, load_config
-from strategies.base import ModelParts, PersonalizedStrategy
+from strategies.base import ModelParts
 
 DATASET_PATH = "dataset-path"
 INIT_MODEL = "init-model"
@@ -103,13 +107,14 @@ class NodeSettings:
     @classmethod
     def from_context(cls, context: Context) -> NodeSettings:
         node = context.node_config
-        try:
-            partition_id, num_partitions = int(node[PARTITION_ID]), int(node[NUM_PARTITIONS])
-        except KeyError as err:
+        missing = [key for key in (PARTITION_ID, NUM_PARTITIONS) if key not in node]
+        if missing:
             raise ConfigError(
-                f"node config lacks {err.args[0]!r}: start the SuperNode with "
+                f"node config lacks {missing[0]!r}: start the SuperNode with "
                 '--node-config "partition-id=<i> num-partitions=<N>"'
-            ) from err
+            )
+        partition_id = node_integer(node, PARTITION_ID, "an integer from 0 to num-partitions - 1")
+        num_partitions = node_integer(node, NUM_PARTITIONS, "an integer >= 1")
         if not 0 <= partition_id < num_partitions:
             raise ConfigError(
                 f"partition-id={partition_id} is not allowed: expected 0..{num_partitions - 1}"
@@ -118,8 +123,27 @@ class NodeSettings:
             partition_id,
             num_partitions,
             str(node.get(STATE_DIR, "")),
-            int(node.get(NUM_THREADS, 0)),
+            node_integer(node, NUM_THREADS, "an integer >= 0 (0: torch's default)", 0),
         )
+
+
+def node_integer(
+    node: Mapping[str, Any], key: str, allowed: str, default: int | None = None
+) -> int:
+    """A whole number from ``--node-config`` (Flower gives a string, an int or a float),
+    or a ConfigError naming the key."""
+    value = node.get(key, default)
+    try:
+        number = int(value) if isinstance(value, str) else value
+        if isinstance(number, float) and number.is_integer():
+            number = int(number)
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise ValueError(value)
+    except ValueError:
+        raise ConfigError(
+            f"node config {key}={value!r} is not allowed: expected {allowed}"
+        ) from None
+    return number
 
 
 def state_dir_of(node: NodeSettings, config: RunConfig) -> Path | None:
@@ -392,6 +416,8 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
         metrics, reply_arrays = work(algorithm, procedure, arrays, server_round, msg)
         refuse_non_finite(context.state, reply_arrays, server_round)  # before any commit
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
+    if outcome.resets:  # which records, not only how many: the run's record says so
+        records[STATE_RESET_RECORDS] = ConfigRecord({"records": list(outcome.resets)})
     seconds = timings(received, time.perf_counter() - started)
     held = {} if outcome.version is None else {STATE_ROUND: outcome.version}
     metrics = {**metrics, STATE_RESETS: len(outcome.resets), **held}
@@ -421,15 +447,29 @@ def train_work(
     algorithm: Algorithm, procedure: ClientProcedure, arrays: dict, server_round: int,
     msg: Message,
 ) -> tuple:  # fmt: skip
-    """Train; under local DP clip and noise the update before it leaves the client."""
-    if procedure.config.dp_mode != "local":
+    """Train; under local DP clip and noise the update before it leaves the client; a
+    simulated liar (``attack``) then lies."""
+    lying = is_attacker(procedure.setup)
+    reference = None
+    if procedure.config.dp_mode == "local":  # named before training: a bad one costs none
+        reference = dp_reference(algorithm, procedure, arrays, msg, server_round)
+    with lying_data(procedure) if lying else contextlib.nullcontext():
         result = procedure.train(arrays, server_round)
-        return result.metrics, result.arrays
-    reference = dp_reference(algorithm, procedure, arrays, msg, server_round)  # before training
-    result = procedure.train(arrays, server_round)
-    noisy = privatise_locally(result.arrays, reference, procedure.config,
-                              procedure.data.partition_id, server_round)  # fmt: skip
-    return result.metrics, noisy
+    sent = result.arrays
+    if reference is not None:
+        sent = privatise_locally(sent, reference, procedure.config,
+                                 procedure.data.partition_id, server_round)  # fmt: skip
+    if lying:
+        sent = lie(sent, arrays, procedure.config, procedure.setup.state,
+                   procedure.data.partition_id, server_round)  # fmt: skip
+    return result.metrics, sent
+
+
+def is_attacker(setup: ClientSetup) -> bool:
+    """Whether this partition is one of the run's simulated liars."""
+    if setup.config.attack == "none" or setup.partition_key is None:
+        return False
+    return setup.data.partition_id in attackers(setup.config, setup.partition_key.num_partitions)
 
 
 def dp_reference(
@@ -463,23 +503,21 @@ def dp_reference(
 
 def reply_keys(algorithm: Algorithm, setup: ClientSetup, server_round: int) -> set[str]:
     """The entries a training reply of ``server_round`` carries, named by the server's
-    own strategy code for this run (as the server checks the reply against)."""
-    strategy, current = reply_view(algorithm, setup.config, setup.info)
-    return set(strategy.expected_reply_arrays(server_round, current))
+    own class-level code for this run (as the server checks the reply against), without
+    a strategy."""
+    model, entries = reply_view(algorithm, setup.config, setup.info)
+    return set(algorithm.strategy.reply_entries(setup.config, model, entries, server_round))
 
 
 @functools.lru_cache(maxsize=4)
 def reply_view(
     algorithm: Algorithm, config: RunConfig, info: DatasetInfo
-) -> tuple[PersonalizedStrategy, dict[str, np.ndarray]]:
-    """The run's strategy and the server's initial model entries, built once per process
-    and run (not per training message), for local DP's reference: only the entries'
-    names are read from them (which entries a reply carries can depend on the strategy's
-    round schedule, FedSeq's layers)."""
-    strategy = algorithm.strategy(config)
+) -> tuple[SplitModel, dict[str, np.ndarray]]:
+    """The server's model and its initial entries, built once per process and run (not
+    per training message), for local DP's reference: only the entries' names are read
+    (which entries a reply carries can depend on the model's layers, FedSeq's)."""
     model = server_model(algorithm, config, info)
-    strategy.prepare_model(model)
-    return strategy, {key: value.numpy() for key, value in model.state_dict().items()}
+    return model, {key: value.numpy() for key, value in model.state_dict().items()}
 
 
 def evaluate_work(

@@ -69,6 +69,7 @@ from fedreg_app.core.protocol import (
     NUM_PROCESSED,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
+    STATE_RESET_RECORDS,
     STATE_RESETS,
 )
 from fedreg_app.core.records import from_record, to_record
@@ -117,6 +118,17 @@ def run_folder(results_dir: str, parts: Iterable[Any], run_id: int) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join([stamp, *(str(p) for p in parts)]))
     return Path(results_dir or "results").expanduser().resolve() / f"{name[:160]}_run{run_id}"
+
+
+def check_results_dir(results_dir: str) -> None:
+    """``results-dir`` must be a folder, or a path whose first existing part is one (it
+    is created): a regular file there would fail only once the first round is written."""
+    path = Path(results_dir or "results").expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is" if existing == path else f"lies under {existing}, which is"
+        raise ConfigError(f"results-dir={results_dir!r} {where} a file, not a folder: "
+                          "expected a folder (created if missing)")  # fmt: skip
 
 
 def config_folder(config: RunConfig, run_id: int) -> Path:
@@ -291,6 +303,17 @@ def check_weights(strategy: PersonalizedStrategy, training: Phase) -> None:
             return
 
 
+def refuse_outliers(strategy: PersonalizedStrategy, training: Phase) -> None:
+    """Replies that passed every check one by one but whose update is far outside the
+    round's others (``update-norm-factor``) are refused and recorded as failed."""
+    outliers = strategy.norm_outliers(training.accepted)
+    for index, reason in sorted(outliers.items()):
+        msg = training.accepted[index]
+        partition = int(msg.content[METRICS][PARTITION_ID])
+        training.failures.append(Failure(msg.metadata.src_node_id, partition, reason))
+    training.accepted = [m for i, m in enumerate(training.accepted) if i not in outliers]
+
+
 def check_finite_aggregate(model: dict[str, np.ndarray], server_round: int, replies: int) -> None:
     """Each reply was finite, but their weighted sum (or an algorithm's correction, as
     FedDyn's ``mean - h / alpha``) can still overflow float32: such a model is never
@@ -327,6 +350,7 @@ def train_round(
         lambda reply, pid: strategy.train_reply_problem(reply, pid, server_round),
         config.reply_timeout,
     )  # fmt: skip
+    refuse_outliers(strategy, training)
     check_weights(strategy, training)
     training.check_usable(server_round)
     strategy.note_trained(int(m.content[METRICS][PARTITION_ID]) for m in training.accepted)
@@ -503,8 +527,28 @@ def round_record(
         ),  # fmt: skip
         client_hosts=client_hosts(training.accepted),
         state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
+        state_reset_records=reset_records(training.accepted + evaluation.phase.accepted),
+        update_norm_ratio_max=dict(strategy.norm_ratio_max),
         global_model_kept=training.model_kept and strategy.has_global_model,
     )
+
+
+def reset_records(replies: Iterable[Message]) -> list[dict[str, Any]]:
+    """Which partition's private records started afresh, as its replies name them."""
+    found = []
+    for reply in replies:
+        if STATE_RESET_RECORDS in reply.content.config_records:
+            names = reply.content[STATE_RESET_RECORDS].get("records", [])
+            names = names if isinstance(names, list) else [names]
+            partition = int(reply.content[METRICS][PARTITION_ID])
+            found.append(
+                {
+                    "partition": partition,
+                    "phase": reply.metadata.message_type,
+                    "records": [str(n)[:100] for n in names[:20]],
+                }
+            )  # a bounded say
+    return found
 
 
 def client_hosts(replies: Iterable[Message]) -> dict[str, dict[str, str]]:
@@ -622,6 +666,8 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     build the strategy with what is known of the run (its :class:`RunFacts`)."""
     refuse_relative_paths(context.run_config)  # read here, they would name another folder
     config = load_config(context.run_config)  # fails fast on bad input
+    if not config.resume:
+        check_results_dir(config.results_dir)
     eval_batch_size(torch.device("cpu"))  # fails fast on a bad FEDREG_EVAL_BATCH
     if config.tensorboard:
         require_tensorboard()

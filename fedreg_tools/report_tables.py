@@ -27,6 +27,7 @@ from fedreg_tools.run_records import (
     UNFINISHED_MARK,
     RunResult,
     by_key,
+    fault_kinds,
     personal_figure,
     round_seconds,
     run_status,
@@ -373,12 +374,15 @@ def run_figures(run: RunResult, metric: str, answered: bool = False) -> list[str
 
 
 def run_state(run: RunResult) -> str:
-    """What a run's status says, for the lines under its table."""
+    """What a run's status says, for the lines under its table; a degraded run's with
+    what kind of fault degraded it."""
     status = run_status(run.document)
     if status in UNFINISHED:
         return run.state
     if status == FAILED:
         return f"failed: {first_line(run.document['run'].get('error') or '')}"
+    if run.degraded and (kinds := fault_kinds(run.document)):
+        return f"degraded: {kinds}"
     return status or "no status recorded"
 
 

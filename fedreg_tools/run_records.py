@@ -62,6 +62,49 @@ def round_seconds(document: dict[str, Any]) -> list[float]:
     return [r["train_seconds"] + r["eval_seconds"] for r in document.get("rounds", [])]
 
 
+def fault_kinds(document: dict[str, Any]) -> str:
+    """What degraded a run, by kind, with the rounds and partitions: replies missing or
+    refused (each distinct error's first words), private state that started afresh (which
+    records). "" when nothing did."""
+    errors: dict[str, tuple[set[int], set[int]]] = {}
+    resets: dict[str, tuple[set[int], set[int]]] = {}
+    for record in document.get("rounds", []):
+        number = record.get("round")
+        for error in record.get("errors") or []:
+            kind = (
+                f"{error.get('phase', '?')} replies failed or refused ({_gist(error.get('error'))})"
+            )
+            rounds, partitions = errors.setdefault(kind, (set(), set()))
+            rounds.add(number)
+            partitions.update(error.get("partitions") or [])
+        named = record.get("state_reset_records") or []
+        for entry in named:
+            kind = f"private state started afresh ({', '.join(entry.get('records', []))})"
+            rounds, partitions = resets.setdefault(kind, (set(), set()))
+            rounds.add(number)
+            partitions.add(entry.get("partition"))
+        if record.get("state_resets") and not named:  # records made before names were kept
+            resets.setdefault("private state started afresh", (set(), set()))[0].add(number)
+    parts = []
+    for kind, (rounds, partitions) in {**errors, **resets}.items():
+        where = f"rounds {_numbers(rounds)}"
+        if partitions - {None}:
+            where += f", partitions {_numbers(partitions - {None})}"
+        parts.append(f"{kind}: {where}")
+    return "; ".join(parts)
+
+
+def _gist(text: Any, words: int = 12) -> str:
+    """An error's first line, cut to its first words."""
+    line = str(text or "").splitlines()[0] if text else "no reason given"
+    cut = line.split()
+    return " ".join(cut[:words]) + (" …" if len(cut) > words else "")
+
+
+def _numbers(values: set) -> str:
+    return ", ".join(str(v) for v in sorted(values))
+
+
 def personal_figure(document: dict[str, Any], which: str = "all") -> tuple[float | None, bool]:
     """A finished run's best personal accuracy and whether it is over the answering clients
     only: the all-client figure (complete rounds) where there is one, else, for a degraded

@@ -239,12 +239,15 @@ class Session:
         rounds = checkpoint_round(self.current)
         self.rounds_run += max(0, rounds - max(last, attempt.after_round))
         self.progress.close(spec, rounds)
+        run_folder = self.current
         self.spec, self.current, self.confirmed = None, None, False
         spec.result = spec.finished_results()
         if spec.result is None:
             print(f"run failed: {spec.describe()}: {spec.failure()}", file=sys.stderr)
             return
         if spec.own_state_dir and spec.state_dir is not None:
+            if run_folder is not None:
+                keep_set_aside(spec.state_dir, run_folder)
             shutil.rmtree(spec.state_dir, ignore_errors=True)  # only a resume would need it
         print(f"done: {done_line(spec)}", flush=True)
 
@@ -286,3 +289,20 @@ class Session:
             file=sys.stderr,
             flush=True,
         )
+
+
+#: Where a finished run keeps the client-state files its clients set aside.
+SET_ASIDE = "set-aside-state"
+
+
+def keep_set_aside(state_dir: Path, run_folder: Path) -> list[Path]:
+    """Move the client-state files set aside as corrupt (``*.corrupt-*``) out of the
+    state folder the runner deletes, into the run folder, keeping their paths: they are
+    what someone looks at to learn what went wrong."""
+    kept = []
+    for path in sorted(state_dir.rglob("*.corrupt-*")):
+        target = run_folder / SET_ASIDE / path.relative_to(state_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), target)
+        kept.append(target)
+    return kept

@@ -52,6 +52,7 @@ from fedreg_app.core.protocol import (
 )
 from fedreg_app.core.records import from_record, to_record
 from strategies.replies import ReplyLedger, RunFacts, eval_reply_problem, train_reply_problem
+from strategies.robust import bound, robust_aggregate
 from strategies.sampling import ClientSampler, addressed_messages, held_state_versions, sample_size
 
 if TYPE_CHECKING:
@@ -130,11 +131,15 @@ class PersonalizedStrategy(Strategy):
         self.partitions = PartitionMap(0)
         self.last_sampled: list[int] = []
         self._current: dict[str, np.ndarray] = {}
+        #: The server's model, once ``prepare_model`` has been given it.
+        self.model: SplitModel | None = None
         #: What accepted replies said, which later replies must repeat (checkpointed).
         self.ledger = ReplyLedger()
         #: The aggregate that replaces the weighted average of the updates, where a
         #: wrapper lets the server see only an aggregate (None: the weighted average).
         self.release: Callable[[int, list[Update]], dict[str, np.ndarray]] | None = None
+        #: Per group, the largest update-norm ratio among this round's accepted replies.
+        self.norm_ratio_max: dict[str, float] = {}
         #: Partitions whose training reply was accepted in some round so far (checkpointed).
         self.trained_partitions: set[int] = set()
         #: The newest private-state version each partition said it holds (``state-round``
@@ -148,6 +153,16 @@ class PersonalizedStrategy(Strategy):
             raise ConfigError(
                 f"global-eval={config.global_eval!r} is not allowed with "
                 f"algo={config.algo!r}, which has no global model: expected 'auto'"
+            )
+        cls.check_robustness(config)
+
+    @classmethod
+    def check_robustness(cls, config: RunConfig) -> None:
+        """A robust rule needs updates to aggregate."""
+        if config.aggregation != "mean" and not cls.group_weights:
+            raise ConfigError(
+                f"aggregation={config.aggregation!r} is not allowed with "
+                f"algo={config.algo!r}: no client update reaches the server; expected 'mean'"
             )
 
     @classmethod
@@ -248,6 +263,7 @@ class PersonalizedStrategy(Strategy):
     def prepare_model(self, model: SplitModel) -> None:
         """The server's model, before the initial arrays are taken."""
         self.add_modules(self.config, model)
+        self.model = model
 
     @classmethod
     def global_parts(
@@ -293,11 +309,21 @@ class PersonalizedStrategy(Strategy):
     def expected_reply_arrays(
         self, server_round: int, current: Mapping[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
-        """The arrays (names, shapes, dtypes) a training reply must carry: the global
-        model's entries of the aggregated groups. ``current`` (default: this round's
-        global model) lets a client name them before it trains (local DP's reference)."""
+        """The arrays (names, shapes, dtypes) a training reply must carry, among this
+        round's global model (or ``current``): see :meth:`reply_entries`."""
         current = self._current if current is None else current
-        return {k: v for k, v in current.items() if group_of(k) in self.group_weights}
+        return self.reply_entries(self.config, self.model, current, server_round)
+
+    @classmethod
+    def reply_entries(
+        cls, config: RunConfig, model: SplitModel | None,
+        entries: Mapping[str, np.ndarray], server_round: int,
+    ) -> dict[str, np.ndarray]:  # fmt: skip
+        """Which of the global model's ``entries`` a training reply of ``server_round``
+        carries: those of the aggregated groups. Class-level, so that a client names them
+        before it trains without building a strategy (local DP's reference); ``model`` is
+        the server's model, for schedules that depend on its layers (FedSeq)."""
+        return {k: v for k, v in entries.items() if group_of(k) in cls.group_weights}
 
     def model_size(self) -> int:
         """Parameters of this round's global model (bounds a reply's trained count)."""
@@ -333,11 +359,29 @@ class PersonalizedStrategy(Strategy):
         return self.average_updates(server_round, updates)
 
     def average_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
-        """The average of the updates by group, or the aggregate a wrapper releases in
-        its place (``release``)."""
+        """The average of the updates by group, the robust rule's aggregate in its place
+        (``aggregation``), or the aggregate a wrapper releases (``release``)."""
         if self.release is not None:
             return self.release(server_round, updates)
+        if self.config.aggregation != "mean":
+            weights = aggregation_weights(updates, self.group_weights)
+            return robust_aggregate([a for a, _ in updates], weights, self._current, self.config)
         return weighted_average_by_group(updates, self.group_weights)
+
+    def norm_outliers(self, replies: list[Message]) -> dict[int, str]:
+        """Replies (by index) whose change of some group is far above the round's others
+        (``update-norm-factor``), each with why; see :func:`strategies.robust.bound`."""
+        factor = self.config.update_norm_factor
+        self.norm_ratio_max = {}
+        if factor == 0 or not replies:
+            return {}
+        checked = bound(
+            [from_record(msg.content[ARRAYS]) for msg in replies],
+            [msg.content[METRICS] for msg in replies],
+            self._current, self.group_weights, factor, self.ledger.norm_medians,
+        )  # fmt: skip
+        self.norm_ratio_max = checked.ratio_max
+        return checked.refused
 
     # ---------------------------------------------------------- evaluation
     def configure_evaluate(

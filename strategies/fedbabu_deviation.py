@@ -21,7 +21,7 @@ from flwr.serverapp import Grid
 from clients.fedbabu_deviation import FINETUNE_PHASE, DeviationOptions
 from fedreg_app.core.config import RunConfig, is_whole
 from fedreg_app.core.metrics import ENDED_AFTER_ROUND
-from fedreg_app.core.models import BASE, HEAD_G
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, group_of
 from fedreg_app.core.protocol import NUM_EXAMPLES
 from strategies.fedbabu import FedBABUStrategy
 from strategies.replies import RunFacts
@@ -80,6 +80,24 @@ class FedBABUDeviationStrategy(FedBABUStrategy):
         if self.fine_tune_round is not None:
             return {BASE: NUM_EXAMPLES, HEAD_G: NUM_EXAMPLES}
         return {BASE: NUM_EXAMPLES}
+
+    @classmethod
+    def reply_entries(
+        cls, config: RunConfig, model: SplitModel | None,
+        entries: Mapping[str, np.ndarray], server_round: int,
+    ) -> dict[str, np.ndarray]:  # fmt: skip
+        """The base's entries. From the fine-tune phase on replies also carry the head,
+        but the phase starts at a round the server decides at run time (R), which no
+        class-level code can know; the server sends the head in that phase, so a
+        client's local-DP reference, which holds every sent entry, covers it."""
+        return {k: v for k, v in entries.items() if group_of(k) == BASE}
+
+    def expected_reply_arrays(
+        self, server_round: int, current: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The groups of the phase: the base, then base and head."""
+        current = self._current if current is None else current
+        return {k: v for k, v in current.items() if group_of(k) in self.group_weights}
 
     @property
     def sent_groups(self) -> tuple[str, ...]:  # type: ignore[override]

@@ -37,7 +37,7 @@ def dynamic_step(
     """FedDyn's server step from an average of the clients' weights: h is updated in
     place, h <- h - alpha/N * sum_k (w_k - w_g), and average - h / alpha returned. The
     drift is the clients' own, or, with ``drift_from_average`` (central DP, where only
-    the private average may be used), |S| (average - w_g)."""
+    the private average may be used; a robust aggregation), |S| (average - w_g)."""
     new_global = {}
     for key in updates[0][0]:
         w_g = current[key].astype(np.float64)
@@ -59,6 +59,13 @@ class DynamicState(PersonalizedStrategy):
         super().__init__(config, facts)
         self.h: dict[str, np.ndarray] = {}
 
+    @property
+    def from_aggregate_only(self) -> bool:
+        """Whether h must follow the aggregate rather than each client's own drift:
+        under central DP only the released aggregate may be used, and under a robust
+        ``aggregation`` a lying client's drift must not steer h either."""
+        return self.release is not None or self.config.aggregation != "mean"
+
     def state_dict(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays, state = super().state_dict()
         return {**arrays, **self.h}, state
@@ -76,7 +83,7 @@ class FedDynStrategy(DynamicState):
         self.alpha = config.options_as(FedDynOptions).alpha
 
     def aggregate_updates(self, server_round: int, updates: list[Update]) -> dict[str, np.ndarray]:
-        if self.release is not None:  # only the released aggregate may be used
+        if self.from_aggregate_only:  # only the released (or robust) aggregate may be used
             average = self.average_updates(server_round, updates)
         else:  # FedDyn's own mean, uniform over the sampled clients
             average = {
@@ -85,5 +92,5 @@ class FedDynStrategy(DynamicState):
             }
         return dynamic_step(
             self._current, average, updates, self.h, self.alpha, self.num_partitions,
-            drift_from_average=self.release is not None,
+            drift_from_average=self.from_aggregate_only,
         )  # fmt: skip

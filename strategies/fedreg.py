@@ -38,5 +38,5 @@ class FedReGStrategy(DynamicState):
             return average
         return dynamic_step(
             self._current, average, updates, self.h, self.dyn_alpha, self.num_partitions,
-            drift_from_average=self.release is not None,
+            drift_from_average=self.from_aggregate_only,
         )  # fmt: skip

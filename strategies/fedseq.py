@@ -15,18 +15,13 @@ from clients.fedseq import base_layers, is_finetuning, of_layers, unfreeze_round
 from fedreg_app.core.config import RunConfig
 from fedreg_app.core.models import SplitModel
 from strategies.base import PersonalizedStrategy
-from strategies.replies import RunFacts
 
 
 class FedSeqStrategy(PersonalizedStrategy):
     anti = False
 
-    def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
-        super().__init__(config, facts)
-        self._model: SplitModel | None = None
-
     def prepare_model(self, model: SplitModel) -> None:
-        self._model = model
+        super().prepare_model(model)
         unfreeze_rounds(self.config, len(base_layers(model)))  # a bad schedule fails now
 
     def sample_partitions(self, server_round: int) -> list[int]:
@@ -38,22 +33,26 @@ class FedSeqStrategy(PersonalizedStrategy):
     def arrays_to_send(
         self, arrays: dict[str, np.ndarray], server_round: int | None
     ) -> dict[str, np.ndarray]:
-        return self.layer_phase_arrays(arrays, server_round)
+        return self.layer_phase_arrays(self.config, self.model, arrays, server_round)
 
-    def expected_reply_arrays(
-        self, server_round: int, current: Mapping[str, np.ndarray] | None = None
-    ) -> dict[str, np.ndarray]:
+    @classmethod
+    def reply_entries(
+        cls, config: RunConfig, model: SplitModel | None,
+        entries: Mapping[str, np.ndarray], server_round: int,
+    ) -> dict[str, np.ndarray]:  # fmt: skip
         """Clients return the layers they trained: the unfrozen ones, or base + head."""
-        every = super().expected_reply_arrays(server_round, current)
-        return self.layer_phase_arrays(every, server_round)
+        every = super().reply_entries(config, model, entries, server_round)
+        return cls.layer_phase_arrays(config, model, every, server_round)
 
+    @classmethod
     def layer_phase_arrays(
-        self, arrays: dict[str, np.ndarray], server_round: int | None
-    ) -> dict[str, np.ndarray]:
+        cls, config: RunConfig, model: SplitModel | None,
+        arrays: Mapping[str, np.ndarray], server_round: int | None,
+    ) -> dict[str, np.ndarray]:  # fmt: skip
         """In a layer-by-layer round only the unfrozen base layers; else everything."""
-        if server_round is None or self._model is None or is_finetuning(self.config, server_round):
-            return arrays
-        return of_layers(arrays, unfrozen_at(self._model, self.config, self.anti, server_round))
+        if server_round is None or model is None or is_finetuning(config, server_round):
+            return dict(arrays)
+        return of_layers(dict(arrays), unfrozen_at(model, config, cls.anti, server_round))
 
 
 class FedSeqAntiStrategy(FedSeqStrategy):

@@ -64,11 +64,15 @@ class ReplyLedger:
     train_weights: dict[int, dict[str, float]] = field(default_factory=dict)
     #: Each partition's test-split size, as its evaluation replies gave it.
     test_sizes: dict[int, int] = field(default_factory=dict)
+    #: Per group, the median update norm of the last round's accepted replies: the
+    #: reference of ``update-norm-factor`` for a round with a single reply.
+    norm_medians: dict[str, float] = field(default_factory=dict)
 
     def state(self) -> dict[str, Any]:
         return {
             "test_sizes": {str(p): n for p, n in sorted(self.test_sizes.items())},
             "train_weights": {str(p): w for p, w in sorted(self.train_weights.items())},
+            "update_norm_medians": dict(sorted(self.norm_medians.items())),
         }
 
     def load(self, state: Mapping[str, Any]) -> None:
@@ -76,6 +80,9 @@ class ReplyLedger:
         self.train_weights = {
             int(p): {str(k): float(v) for k, v in w.items()}
             for p, w in state.get("train_weights", {}).items()
+        }
+        self.norm_medians = {
+            str(g): float(v) for g, v in state.get("update_norm_medians", {}).items()
         }
 
 

@@ -7,11 +7,14 @@ import pytest
 
 from clients.fedreg import EFFECTIVE_EXAMPLES
 from fedreg_app.core.config import RunConfig
+from fedreg_app.core.models import initial_model
 from fedreg_app.core.partition_map import PartitionMap
 from fedreg_app.core.protocol import NUM_EXAMPLES
+from fedreg_app.registry import ALGORITHMS, load_config
 from strategies.base import aggregation_weights, sample_size, weighted_average_by_group
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedreg import FedReGStrategy
+from tests.test_clients import INFO
 
 
 def update(base: float, head: float, n: int, e: int):
@@ -100,3 +103,19 @@ def test_payload_bytes_counts_every_message_and_cost_totals_sum() -> None:
     assert payload_bytes(messages) == 2 * serialized
     replies = [{COMPUTE_SECONDS: 1.5, HANDLER_SECONDS: 2.0}, {COMPUTE_SECONDS: 0.5}]
     assert cost_totals(replies) == {COMPUTE_SECONDS: 2.0, HANDLER_SECONDS: 2.0}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_client_names_the_reply_entries_as_the_server_expects_them(name: str) -> None:
+    """Local DP's reference: a client names the entries of its first reply with the
+    class-level ``reply_entries`` (no strategy built); the server's strategy checks the
+    reply against the same entries."""
+    strategy_cls = ALGORITHMS[name].strategy
+    config = load_config({"algo": name, "num-server-rounds": 6})
+    strategy = strategy_cls(config)
+    strategy.prepare_model(initial_model(INFO, config))
+    strategy._current = {k: v.numpy() for k, v in strategy.model.state_dict().items()}
+    fresh = initial_model(INFO, config)
+    strategy_cls.add_modules(config, fresh)
+    by_class = strategy_cls.reply_entries(config, fresh, strategy._current, 1)
+    assert by_class.keys() == strategy.expected_reply_arrays(1).keys()

@@ -95,3 +95,16 @@ def test_there_is_no_import_circle() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+
+
+def test_the_client_app_builds_no_strategy() -> None:
+    """What a client needs of its algorithm's server code (the global model's parts, the
+    entries a reply carries, the extra modules) is class-level: the ClientApp never
+    constructs a strategy."""
+    tree = ast.parse((PROJECT / "fedreg_app" / "client_app.py").read_text())
+    calls = [
+        ast.unparse(node.func)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("strategy")
+    ]
+    assert calls == []

@@ -142,7 +142,25 @@ def test_a_corrupt_private_head_is_counted_in_the_round_record(
     assert stopped is None
     document = results(tmp_path / "results")
     assert document["rounds"][1]["state_resets"] == 1
+    partition = int(head.parent.parent.name.removeprefix("partition-"))
+    [named] = document["rounds"][1]["state_reset_records"]  # which, not only how many
+    assert (named["partition"], named["records"]) == (partition, ["head_p"])
     assert list(head.parent.parent.glob("*.corrupt-*"))
+
+
+def test_the_runner_keeps_set_aside_state_files_in_the_run_folder(tmp_path: Path) -> None:
+    """The runner deletes a finished run's state folder; the files its clients set aside
+    as corrupt move into the run folder first, under the same paths."""
+    from fedreg_tools.runner_session import SET_ASIDE, keep_set_aside
+
+    state, run = tmp_path / "state", tmp_path / "run"
+    aside = state / "runs" / "key" / "partition-3" / "round-000001-head_p.npz.corrupt-20261207"
+    aside.parent.mkdir(parents=True)
+    aside.write_bytes(b"damaged")
+    (state / "runs" / "key" / "partition-3" / "fine.npz").write_bytes(b"ok")
+    kept = keep_set_aside(state, run)
+    assert kept == [run / SET_ASIDE / aside.relative_to(state)]
+    assert kept[0].read_bytes() == b"damaged" and not aside.exists()
 
 
 def test_released_records_leave_memory_and_come_back_from_disk(tmp_path: Path) -> None:

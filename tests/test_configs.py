@@ -52,8 +52,9 @@ def test_a_committed_run_is_a_run_of_its_config_file_as_it_stands(path: Path, tm
     words, and a replay runs it (:func:`as_ran`)."""
     experiment_name, cell, seed = path.parts[-4], path.parts[-3], int(path.parts[-2][4:])
     experiments = [Experiment.load(f, DECLARED) for f in (PROJECT / "configs").glob("*.toml")]
-    [experiment] = [e for e in experiments if e.name == experiment_name]
-    specs = plan([experiment], tmp_path, DECLARED, {}, seed + 1)
+    # one experiment may come from several files (its honest and its attacked runs)
+    named = [e for e in experiments if e.name == experiment_name]
+    specs = [s for e in named for s in plan([e], tmp_path, DECLARED, {}, seed + 1)]
     [spec] = [s for s in specs if s.folder.parent.name == cell and s.folder.name == f"seed{seed}"]
     planned = load_config({**DECLARED, **spec.run_config}).to_run_config()
     recorded = json.loads(path.read_text())["config"]

@@ -15,8 +15,10 @@ from fedreg_app.core.config import ConfigError
 from fedreg_app.core.data import (
     DECODED_CACHE_MIB,
     ClientData,
+    DataError,
     DecodedPartitions,
     PartitionKey,
+    check_label_range,
     client_splits,
     data_cache_folder,
     decode_client_data,
@@ -134,10 +136,41 @@ def test_unrecognisable_label_column_is_a_clear_error(tmp_path: Path) -> None:
         load_info(key_for(folder, num_partitions=2))
 
 
-def test_impossible_min_partition_size_is_a_clear_error(grey_dataset: Path) -> None:
+def test_more_clients_than_the_pool_can_fill_fail_at_once(grey_dataset: Path) -> None:
+    """50 clients of at least 50 samples need 2,500; the pool holds 400: arithmetic says
+    so before any Dirichlet draw (none is tried), with the keys and what would fit."""
     key = key_for(grey_dataset, num_partitions=50, **{"min-partition-size": 50})
-    with pytest.raises(ConfigError, match="min-partition-size"):
+    message = ("min-partition-size=50 for each of 50 clients needs 2,500 samples, but the "
+               "pool holds 400 (data-fraction=1): use at most 8 clients, or a "
+               "min-partition-size of at most 8")  # fmt: skip
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_client_data(key, 0)
+    assert federated_dataset(key).partitioners["train"].redraws == 0
+
+
+def test_a_skew_no_draw_can_fill_names_alpha_and_min_partition_size(grey_dataset: Path) -> None:
+    """Enough samples in all, but Dirichlet(0.01) leaves some client short in every draw."""
+    key = key_for(grey_dataset, num_partitions=4, alpha=0.01, **{"min-partition-size": 99})
+    with pytest.raises(ConfigError, match="alpha=0.01, min-partition-size=99"):
+        load_client_data(key, 0)
+
+
+def test_splits_that_declare_other_classes_are_named(tmp_path: Path) -> None:
+    """A test split whose ClassLabel names more classes than the train split's would be
+    merged under the train split's count, its extra labels out of range."""
+    write_image_dataset(tmp_path / "a", n_train=40, n_test=20, num_classes=10)
+    write_image_dataset(tmp_path / "b", n_train=40, n_test=20, num_classes=13, seed=1)
+    shutil.copy(tmp_path / "b" / "test.parquet", tmp_path / "a" / "test.parquet")
+    message = "train.parquet: column 'label', 10 classes; test.parquet: column 'label', 13"
+    with pytest.raises(DataError, match=message):
+        load_client_data(key_for(tmp_path / "a", num_partitions=2), 0)
+
+
+def test_a_label_outside_the_declared_classes_names_the_column() -> None:
+    check_label_range(torch.tensor([0, 9, 3]), 10)  # in range: nothing to say
+    with pytest.raises(DataError, match="label 12 in the dataset's 'label' column is outside "
+                       "the 10 classes its ClassLabel declares"):  # fmt: skip
+        check_label_range(torch.tensor([0, 12, 3]), 10)
 
 
 def test_data_fraction_keeps_a_seeded_subset_of_the_pool(grey_dataset: Path) -> None:

@@ -325,6 +325,23 @@ def test_node_settings_from_the_node_config() -> None:
         NodeSettings.from_context(Context(1, 1, {**node, "partition-id": 30}, RecordDict(), {}))
     with pytest.raises(ConfigError, match="node config lacks 'num-partitions'"):
         NodeSettings.from_context(Context(1, 1, {"partition-id": 0}, RecordDict(), {}))
+    for key, value in (("partition-id", "../x"), ("num-partitions", "many"),
+                       ("num-threads", "2.5"), ("partition-id", True)):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"node config {key}={value!r} is not allowed"):
+            NodeSettings.from_context(Context(1, 1, {**node, key: value}, RecordDict(), {}))
+    text = NodeSettings.from_context(Context(1, 1, {**node, "partition-id": "2"}, RecordDict(), {}))
+    assert text.partition_id == 2  # --node-config may give numbers as text
+
+
+def test_a_results_dir_that_is_a_file_is_named_before_any_work(tmp_path: Path) -> None:
+    from fedreg_app.server_app import check_results_dir
+
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(ConfigError, match="results-dir='.*taken' is a file, not a folder"):
+        check_results_dir(str(tmp_path / "taken"))
+    with pytest.raises(ConfigError, match="lies under .*taken, which is a file"):
+        check_results_dir(str(tmp_path / "taken" / "results"))
+    check_results_dir(str(tmp_path / "new" / "results"))  # missing folders are created
 
 
 def hold_through(lock_name: str, folder: Path) -> None:

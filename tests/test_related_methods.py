@@ -71,6 +71,22 @@ def test_fedseq_sends_only_unfrozen_base_layers(strategy_type, expected: dict) -
     assert strategy.arrays_to_send(arrays, None).keys() == arrays.keys()
 
 
+def test_a_client_names_fedseqs_reply_entries_as_the_server_checks_them() -> None:
+    """Local DP's reference: the ClientApp names the entries a reply carries with the
+    strategy's class-level code, without building a strategy, and gets what the server's
+    strategy expects in every phase (only the unfrozen layers, then everything)."""
+    config = load_config(fedseq_config())
+    strategy = FedSeqStrategy(config)
+    strategy.prepare_model(build_model(INFO, 2, 0))
+    arrays = strategy.model.group_state(BASE, HEAD_G)
+    strategy._current = arrays
+    fresh = build_model(INFO, 2, 0)
+    for server_round in range(1, 7):
+        by_class = FedSeqStrategy.reply_entries(config, fresh, arrays, server_round)
+        assert by_class.keys() == strategy.expected_reply_arrays(server_round).keys()
+    assert layers_of(FedSeqStrategy.reply_entries(config, fresh, arrays, 1)) == {"base.0"}
+
+
 def test_fedseq_client_trains_and_returns_only_unfrozen_layers() -> None:
     setup = make_setup(**fedseq_config())
     start = global_arrays()

@@ -345,11 +345,16 @@ def _inflated_first_claim(arrays, metrics):
     metrics[NUM_EXAMPLES] = 10**12  # its first reply: nothing said before to compare with
 
 
+def _huge_but_finite(arrays, metrics):
+    arrays["base.0.weight"] *= np.float32(1e30)  # finite float32, every check passes
+
+
 def _inflated_first_head_weight(arrays, metrics):
     metrics[EFFECTIVE_EXAMPLES] = 10**12  # e_k = sum_c min(n_c, t) <= |D_k|
 
 
 CRAFTED = {
+    "huge but finite": (_huge_but_finite, "more than update-norm-factor=100 times"),
     "inflated first claim": (_inflated_first_claim, "num-examples=1000000000000, but partition"),
     "inflated first e_k": (
         _inflated_first_head_weight,
@@ -403,6 +408,20 @@ def test_a_crafted_training_reply_is_dropped_never_averaged(
     assert crafted.keys() == dropped.keys()
     assert all(np.array_equal(crafted[k], dropped[k]) for k in crafted)
     assert all(np.isfinite(v).all() for v in crafted.values())
+
+
+def test_without_the_bound_a_huge_but_finite_reply_is_averaged_in(
+    base: dict[str, Any], tmp_path: Path
+) -> None:
+    """The fault the bound refuses is real: with ``update-norm-factor = 0`` the same
+    crafted reply passes every per-reply check and the run ends with a global model of
+    values near 1e29 (honest: below 1)."""
+    config = {**base, "num-server-rounds": 1, "update-norm-factor": 0.0}
+    victim = first_sampled(config)
+    run_server(config, faults={(TRAIN, 1, victim): craft(_huge_but_finite)})
+    record = results(tmp_path / "results")["rounds"][0]
+    assert (record["train_replies"], record["train_failures"]) == (2, 0)
+    assert np.abs(final_model(tmp_path / "results")["base.0.weight"]).max() > 1e25
 
 
 def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_path: Path) -> None:

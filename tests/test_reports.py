@@ -1320,3 +1320,24 @@ def test_runs_given_one_by_one_are_named_checked_and_not_mixed_with_roots(
             main([str(arg) for arg in argv])
         assert says in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_degraded_runs_line_says_which_kind_of_fault_degraded_it(tmp_path: Path) -> None:
+    """Under a run's table: not only "degraded" but what did it (replies refused, with
+    the gist of the reason; private state reset, with the records), rounds, partitions."""
+    from fedreg_tools.report_tables import run_table
+
+    fake_run(tmp_path, "smoke", "fedreg", 0, status="degraded")
+    [path] = list(tmp_path.rglob("results.json"))
+    document = json.loads(path.read_text())
+    last = document["rounds"][-1]
+    last["errors"] = [{"phase": "train", "error": "its update of base has L2 norm 1.9e+30, "
+                       "more than update-norm-factor=100 times 2.1, the median of the round's "
+                       "other replies", "nodes": [7], "partitions": [4]}]  # fmt: skip
+    last["state_resets"] = 1
+    last["state_reset_records"] = [{"partition": 2, "phase": "train", "records": ["head_p"]}]
+    path.write_text(json.dumps(document))
+    table = run_table(collect(tmp_path))
+    assert ("degraded: train replies failed or refused (its update of base has L2 norm "
+            "1.9e+30, more than update-norm-factor=100 times …): rounds 3, partitions 4; "
+            "private state started afresh (head_p): rounds 3, partitions 2") in table  # fmt: skip

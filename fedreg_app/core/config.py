@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from fedreg_app.core import robustness
+from fedreg_app.core.keys import ConfigError, core_key
+from fedreg_app.core.keys import fail as _fail
+from fedreg_app.core.keys import one_of as _one_of
+
 #: FedReG's threshold: a statistic of the client's class counts (thesis), or "global-":
 #: of all clients' train sizes, divided by the client's classes (paper §3.4)
 PER_CLIENT_THRESHOLDS = ("mean", "median", "max", "secmin")
@@ -51,10 +56,6 @@ PARTITIONS = ("dirichlet", "dirichlet-topup", "shard", "natural")
 ONE_LAYER_HEADS = {"mlp": "input -> 100 -> classes", "charlstm": "LSTM -> Linear(256, vocab)"}
 
 
-class ConfigError(ValueError):
-    """A run-config value is missing or not allowed; the message names the key."""
-
-
 def option(
     key: str,
     default: Any,
@@ -73,20 +74,6 @@ def option(
         default=default,
         metadata={"key": key, "allowed": allowed, "valid": valid, "doc": doc, "source": source},
     )
-
-
-def core_key(default: Any, allowed: str, *, doc: str, source: str) -> Any:
-    """Declare one key every algorithm shares (a :class:`RunConfig` field, named as the
-    key with ``_`` for ``-``): its default, what is allowed, what it does and where its
-    default comes from, as :func:`option` does for an algorithm's keys. The checks are in
-    :meth:`RunConfig.validate`."""
-    return dataclasses.field(
-        default=default, metadata={"allowed": allowed, "doc": doc, "source": source}
-    )
-
-
-def _one_of(values: Iterable[Any]) -> str:
-    return f"one of {', '.join(str(value) for value in values)}"
 
 
 def at_least(minimum: float) -> Callable[[Any], bool]:
@@ -444,6 +431,15 @@ class RunConfig:
         "that needs the guarantee must.",
         source="our choice",
     )
+    update_norm_factor: float = robustness.UPDATE_NORM_FACTOR
+    aggregation: str = robustness.AGGREGATION
+    trim_fraction: float = robustness.TRIM_FRACTION
+    krum_byzantine: int = robustness.KRUM_BYZANTINE
+    multi_krum_keep: int = robustness.MULTI_KRUM_KEEP
+    clip_norm: float = robustness.CLIP_NORM
+    attack: str = robustness.ATTACK
+    attack_fraction: float = robustness.ATTACK_FRACTION
+    attack_scale: float = robustness.ATTACK_SCALE
     #: The chosen algorithm's own keys (``prox-mu``, ``fedreg-head-weight``, ...).
     options: AlgorithmOptions = dataclasses.field(default_factory=AlgorithmOptions)
     #: Every key as given (other algorithms' keys too), for ``results.json``.
@@ -559,6 +555,7 @@ class RunConfig:
         if self.optimizer_state not in OPTIMIZER_STATES:
             _fail("optimizer-state", self.optimizer_state, f"one of {', '.join(OPTIMIZER_STATES)}")
         self.validate_privacy()
+        self.validate_robustness()
         if not self.dataset and not self.dataset_path:
             _fail("dataset", self.dataset, "a Hugging Face hub id, or set dataset-path")
         if self.dataset_path:
@@ -585,6 +582,35 @@ class RunConfig:
         if not (0 < self.dp_delta < 1 if on else 0 <= self.dp_delta < 1):
             _fail("dp-delta", self.dp_delta,
                   f"a probability in (0, 1){when}, e.g. 1e-5 (it has no default)")  # fmt: skip
+
+    def validate_robustness(self) -> None:
+        """The keys of :mod:`fedreg_app.core.robustness`: the bound, the rule, the attack."""
+        factor = self.update_norm_factor
+        if not (factor == 0 or factor > 1):
+            _fail("update-norm-factor", factor, "a number > 1, or 0 to turn the bound off")
+        rules, attacks = robustness.AGGREGATIONS, robustness.ATTACKS
+        if self.aggregation not in rules:
+            _fail("aggregation", self.aggregation, _one_of(rules))
+        if not 0 <= self.trim_fraction < 0.5:
+            _fail("trim-fraction", self.trim_fraction, "a fraction in [0, 0.5)")
+        for key, value in (("krum-byzantine", self.krum_byzantine),
+                           ("multi-krum-keep", self.multi_krum_keep)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                _fail(key, value, "an integer >= 0")
+        if not self.clip_norm >= 0:
+            _fail("clip-norm", self.clip_norm, "a number >= 0 (0: the round's median norm)")
+        if self.aggregation != "mean" and self.dp_mode == "central":
+            _fail("aggregation", self.aggregation, "'mean' with dp-mode='central' (its noise "
+                  "is calibrated to the weighted average's sensitivity)")  # fmt: skip
+        if self.attack not in attacks:
+            _fail("attack", self.attack, _one_of(attacks))
+        attacking = self.attack != "none"
+        low = self.attack_fraction > 0 if attacking else self.attack_fraction >= 0
+        if not (low and self.attack_fraction <= 1):
+            allowed = f"(0, 1] with attack={self.attack!r}" if attacking else "[0, 1]"
+            _fail("attack-fraction", self.attack_fraction, f"a fraction in {allowed}")
+        if not self.attack_scale > 0:
+            _fail("attack-scale", self.attack_scale, "a number > 0")
 
     @property
     def private(self) -> bool:
@@ -773,7 +799,3 @@ def _coerce(key: str, value: Any, wanted: type) -> Any:
         return value
     kinds = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}
     raise ConfigError(f"{key}={value!r} is not allowed: expected {kinds.get(wanted, wanted)}")
-
-
-def _fail(key: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"{key}={value!r} is not allowed: expected {allowed}")

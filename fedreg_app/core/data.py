@@ -289,6 +289,7 @@ def _load_local_pool(fds: FederatedDataset, files: list[Path]) -> None:
     import pyarrow.parquet as pq
     from datasets.exceptions import DatasetsError
 
+    check_label_features(files)
     try:
         fds.load_split("train")
     except ConfigError:
@@ -300,6 +301,54 @@ def _load_local_pool(fds: FederatedDataset, files: list[Path]) -> None:
             except (pa.ArrowException, OSError, ValueError) as damage:
                 raise _parquet_error(path, damage) from None
         raise err
+
+
+def label_classes(path: Path) -> tuple[str, tuple[str, ...] | None] | None:
+    """A local file's label column and the class names its ClassLabel declares (None:
+    a plain integer column), read from the Hugging Face metadata in its footer; None when
+    the file declares no label column."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    metadata = pq.read_schema(path).metadata or {}
+    try:
+        features = json.loads(metadata.get(b"huggingface", b"{}"))["info"]["features"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    column = next((name for name in LABEL_COLUMNS if name in features), None)
+    if column is None:
+        return None
+    names = features[column].get("names")
+    return column, tuple(names) if names is not None else None
+
+
+def check_label_features(files: list[Path]) -> None:
+    """Every file of a local dataset must declare the same classes: a test split with
+    more classes than the train split would be merged under the train split's count, its
+    extra labels out of range (found only when training failed, naming no file)."""
+    declared = {path: label_classes(path) for path in files}
+    known = {path: value for path, value in declared.items() if value is not None}
+    if len(set(known.values())) > 1:
+        described = "; ".join(
+            f"{path.name}: column {column!r}, "
+            + (f"{len(names)} classes" if names is not None else "no class names")
+            for path, (column, names) in known.items()
+        )
+        raise DataError(
+            f"dataset-path: its files declare different label columns or classes ({described}); "
+            f"expected one ClassLabel shared by every split: {DATA_REMEDY}"
+        )
+
+
+def check_label_range(labels: torch.Tensor, num_classes: int, column: str = "label") -> None:
+    """Labels must be 0..num_classes-1: the dataset's ClassLabel says how many there are."""
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        bad = int(labels.max()) if int(labels.max()) >= num_classes else int(labels.min())
+        raise DataError(
+            f"label {bad} in the dataset's {column!r} column is outside the {num_classes} "
+            f"classes its ClassLabel declares (0..{num_classes - 1}): {DATA_REMEDY}"
+        )
 
 
 def partitioner_for(key: PartitionKey):
@@ -443,6 +492,9 @@ def _to_tensors(ds: Dataset, channels: int) -> TensorData:
         labels = encode_text([c[:1] or " " for c in ds["label"][:]]).reshape(-1).long()
         return TensorData(x=encode_text(ds[TEXT][:]), y=labels)
     labels = torch.as_tensor(np.asarray(ds["label"][:], dtype=np.int64))  # one slice
+    classes = getattr(ds.features["label"], "num_classes", None)
+    if classes is not None:
+        check_label_range(labels, classes)
     return TensorData(x=_decode_images(ds, channels), y=labels)
 
 
@@ -524,6 +576,20 @@ def tensors_digest(*parts: TensorData) -> str:
     return sha.hexdigest()
 
 
+def check_pool_can_fill(key: PartitionKey, pool_size: int) -> None:
+    """Every client needs ``min-partition-size`` samples: more clients than the pool can
+    fill fail at once, not after every Dirichlet draw has been tried."""
+    needed = key.num_partitions * key.min_partition_size
+    if needed > pool_size:
+        raise ConfigError(
+            f"min-partition-size={key.min_partition_size} for each of {key.num_partitions} "
+            f"clients needs {needed:,} samples, but the pool holds {pool_size:,} "
+            f"(data-fraction={key.data_fraction:g}): use at most "
+            f"{pool_size // key.min_partition_size:,} clients, or a min-partition-size of at "
+            f"most {max(1, pool_size // key.num_partitions):,}"
+        )
+
+
 @cache
 @no_progress_bars()
 def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
@@ -535,6 +601,8 @@ def client_splits(key: PartitionKey, partition_id: int) -> DatasetDict:
     from fedreg_app.core.partitioners import MAX_DIRICHLET_DRAWS
 
     fds = federated_dataset(key)
+    if key.partition.startswith("dirichlet"):
+        check_pool_can_fill(key, len(fds.load_split("train")))
     try:
         partition = fds.load_partition(partition_id, "train")
     except ValueError as err:

@@ -118,6 +118,12 @@ class RoundRecord:
     #: Client private state that started afresh this round: a file found corrupt (moved
     #: aside), a version lost (a wiped or replaced state-dir) or another partition's.
     state_resets: int = 0
+    #: Which: per reply that reset some, its partition, phase and the records' names.
+    state_reset_records: list[dict[str, Any]] = field(default_factory=list)
+    #: Per parameter group, the largest ratio of an accepted reply's update norm to the
+    #: median of the round's others: how close honest clients came to
+    #: ``update-norm-factor`` (empty with the bound off or one reply).
+    update_norm_ratio_max: dict[str, float] = field(default_factory=dict)
     #: Personal accuracy (correct over test samples) over the clients whose training reply
     #: was accepted in this or an earlier round; None when no client has trained yet, the
     #: round was not evaluated, or one of those clients' evaluation replies is missing.

@@ -75,6 +75,8 @@ NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this ro
 COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
 HANDLER_SECONDS = "handler-seconds"  # the whole message handler, setup included
 STATE_RESETS = "state-resets"  # private state started afresh: a corrupt file, or lost versions
+#: A reply's ConfigRecord naming the records that started afresh (key ``records``).
+STATE_RESET_RECORDS = "state-reset-records"
 #: The round of the newest private-state version the client holds after this message
 #: (0: none); sent only by clients that keep their state under a state-dir.
 STATE_ROUND = "state-round"

@@ -17,6 +17,8 @@ are fixed constants (they keep the numbers of earlier versions of this project).
 | ``central-shuffle``| 0xCE7 | round                   | centralised training's mini-batches |
 | ``dp-noise``    | 0xD9    | round                       | central DP's noise on the aggregate    |
 | ``dp-local-noise``| 0xD10 | partition, round            | local DP's noise on a client's update  |
+| ``attackers``   | 0xA77   | number of partitions        | the partitions an attack makes lie     |
+| ``attack-noise``| 0xA70   | partition, round            | the ``noise`` attack's update          |
 
 Outside this table, by design: the model's initialisation (``torch.manual_seed(seed)``,
 identical on every client and the server) and flwr-datasets' partitioners and
@@ -40,6 +42,8 @@ STREAMS: dict[str, tuple[int, ...]] = {
     "central-shuffle": (0xCE7,),
     "dp-noise": (0xD9,),
     "dp-local-noise": (0xD10,),
+    "attackers": (0xA77,),
+    "attack-noise": (0xA70,),
 }
 
 

@@ -1,0 +1,83 @@
+"""The keys of robustness against clients that lie: the bound every run has on updates,
+the robust aggregation rules, and the attacks a run can simulate to measure them.
+
+Declared here and used as fields of :class:`~fedreg_app.core.config.RunConfig` (flat
+run-config keys like every other); checked by ``RunConfig.validate_robustness``. The rules are in
+``strategies/robust.py``, the attacks in ``clients/attacks.py``.
+"""
+
+from __future__ import annotations
+
+from fedreg_app.core.keys import core_key, one_of
+
+AGGREGATIONS = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip")
+ATTACKS = ("none", "scale", "sign-flip", "label-flip", "noise", "replay")
+
+UPDATE_NORM_FACTOR = core_key(
+    100.0,
+    "a number > 1, or 0 (off)",
+    doc="Refuse a training reply whose change of a parameter group (L2 norm of reply − "
+    "global model) is more than this many times the median of the round's other replies "
+    "for that group (with one reply: the last round's median), and record it as a failed "
+    "reply. Per group, so FedReG's base and head are each judged; replies with weight 0 "
+    "for a group neither count nor are judged for it.",
+    source="our rule: the median of the round's update norms as the reference, as FLAME "
+    "(Nguyen et al. 2022) clips to it, and a reply far above what the others sent is "
+    "dropped, as TFF's robust_aggregator zeroes one (Andrew et al. 2021); 100 leaves "
+    "room for clients whose local step counts differ 100-fold",
+)
+AGGREGATION = core_key(
+    "mean",
+    one_of(AGGREGATIONS),
+    doc="How each parameter group's updates are combined: `mean`, the algorithm's own "
+    "weighted average; `median`, coordinate-wise; `trimmed-mean`; `krum`, `multi-krum`; "
+    "`norm-clip`, clipped then averaged. See the [robustness page](robustness.md).",
+    source="`mean`: every source; the others: Yin et al. 2018, Blanchard et al. 2017, "
+    "Sun et al. 2019",
+)
+TRIM_FRACTION = core_key(
+    0.2,
+    "a fraction in [0, 0.5)",
+    doc="β of `trimmed-mean`: the share of values left out at each end, per coordinate.",
+    source="Flower's FedTrimmedAvg (beta = 0.2); Yin et al. 2018, Def. 2",
+)
+KRUM_BYZANTINE = core_key(
+    0,
+    "an integer >= 0",
+    doc="f of `krum` and `multi-krum`: the liars assumed among a round's replies.",
+    source="Flower's Krum (num_malicious_nodes = 0); Blanchard et al. 2017",
+)
+MULTI_KRUM_KEEP = core_key(
+    0,
+    "an integer >= 0",
+    doc="m of `multi-krum`: how many best-scored updates are averaged; 0: n − f.",
+    source="Blanchard et al. 2017 (m = n − f in their experiments)",
+)
+CLIP_NORM = core_key(
+    0.0,
+    "a number >= 0",
+    doc="The L2 bound of `norm-clip`, per group; 0: the round's median norm.",
+    source="0: FLAME (Nguyen et al. 2022); a fixed bound: Sun et al. 2019",
+)
+ATTACK = core_key(
+    "none",
+    one_of(ATTACKS),
+    doc="Simulate lying clients (research only): `scale`, the update times "
+    "`attack-scale`; `sign-flip`, the update reversed; `label-flip`, training on label "
+    "C − 1 − y; `noise`, Gaussian noise of the honest update's spread in its place; "
+    "`replay`, the client's first update again in every later round.",
+    source="Bagdasaryan et al. 2020 (scaling); Fang et al. 2020 (label flipping, "
+    "Gaussian); Li et al. 2019, RSA (sign flipping); our choice (replay)",
+)
+ATTACK_FRACTION = core_key(
+    0.0,
+    "a fraction in [0, 1]; > 0 when attack is set",
+    doc="Share of the partitions that lie, drawn once from the run's seed.",
+    source="none: to be set with `attack`",
+)
+ATTACK_SCALE = core_key(
+    10.0,
+    "a number > 0",
+    doc="The factor of `attack = scale`.",
+    source="Bagdasaryan et al. 2020 (boosting by n / η; 10 clients a round, η = 1)",
+)

@@ -1,0 +1,258 @@
+"""Clients that lie: the robust aggregation rules, the bound on every update, and the
+simulated attacks that measure them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import RecordDict
+
+from clients.attacks import REPLAYED_UPDATE, attackers, flipped, lie
+from fedreg_app.core.config import ConfigError
+from fedreg_app.core.data import TensorData
+from fedreg_app.core.protocol import NUM_EXAMPLES
+from fedreg_app.registry import load_config
+from strategies.fedreg import FedReGStrategy
+from strategies.robust import (
+    bound,
+    coordinate_median,
+    krum_selection,
+    norm_outliers,
+    robust_aggregate,
+    trimmed_mean,
+)
+from tests.inprocess import final_model, results, run_server
+
+CURRENT = {"base.0.weight": np.zeros((2, 2), np.float32), "head_g.0.bias": np.zeros(2, np.float32)}
+
+
+def reply(base: float, head: float) -> dict[str, np.ndarray]:
+    return {"base.0.weight": np.full((2, 2), base, np.float32),
+            "head_g.0.bias": np.full(2, head, np.float32)}  # fmt: skip
+
+
+def config(**keys: Any):
+    return load_config({"algo": "fedreg", **keys})
+
+
+# ------------------------------------------------------------------ the rules
+def test_the_median_is_yin_et_al_s_coordinate_wise_median() -> None:
+    updates = np.array([[1.0, 5.0], [2.0, -1.0], [100.0, 0.0], [3.0, 2.0]])
+    assert np.array_equal(coordinate_median(updates), [2.5, 1.0])
+
+
+def test_the_trimmed_mean_leaves_out_each_ends_share_then_weights_the_rest() -> None:
+    updates = np.array([[1.0], [2.0], [3.0], [1e9], [-1e9]])
+    weights = np.array([1.0, 1.0, 2.0, 5.0, 5.0])
+    # beta 0.2 of 5 replies: one value left out at each end; (1 + 2 + 2*3) / 4
+    assert trimmed_mean(updates, weights, 0.2)[0] == pytest.approx(9 / 4)
+    # beta small enough to leave nothing out: the weighted mean
+    assert trimmed_mean(updates, weights, 0.1)[0] == pytest.approx(
+        float(weights @ updates[:, 0] / 14)
+    )
+
+
+def test_krum_picks_an_update_of_the_majority_and_multi_krum_the_m_best() -> None:
+    honest = [[1.0, 1.0], [1.1, 0.9], [0.9, 1.1], [1.0, 1.05]]
+    updates = np.array([*honest, [50.0, -50.0]])
+    assert krum_selection(updates, byzantine=1, keep=1)[0] in range(4)
+    assert set(krum_selection(updates, byzantine=1, keep=4)) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum", "multi-krum", "norm-clip"])
+def test_each_rule_keeps_a_1e30_reply_out_of_both_groups(rule: str) -> None:
+    replies = [reply(1.0, 2.0), reply(1.2, 2.2), reply(0.8, 1.8), reply(1.1, 2.1),
+               reply(1e30, -1e30)]  # fmt: skip
+    weights = {"base": [1.0] * 5, "head_g": [1.0] * 5}
+    settings = config(aggregation=rule, **{"krum-byzantine": 1})
+    merged = robust_aggregate(replies, weights, CURRENT, settings)
+    assert np.abs(merged["base.0.weight"]).max() < 2
+    assert np.abs(merged["head_g.0.bias"]).max() < 3
+
+
+def test_a_client_with_no_weight_for_a_group_has_no_vote_on_it() -> None:
+    """FedReG's head by e_k: a client with e_k = 0 does not vote on head_g's median."""
+    replies = [reply(1.0, 5.0), reply(2.0, 6.0), reply(3.0, -100.0)]
+    merged = robust_aggregate(
+        replies, {"base": [1, 1, 1], "head_g": [1, 1, 0]}, CURRENT, config(aggregation="median")
+    )
+    assert np.all(merged["base.0.weight"] == 2.0)
+    assert np.all(merged["head_g.0.bias"] == 5.5)
+
+
+def test_norm_clip_clips_at_the_median_norm_and_keeps_the_group_weights() -> None:
+    replies = [reply(1.0, 0.0), reply(1.0, 0.0), reply(100.0, 0.0)]
+    weights = {"base": [1.0, 1.0, 2.0], "head_g": [1.0, 1.0, 1.0]}
+    merged = robust_aggregate(replies, weights, CURRENT, config(aggregation="norm-clip"))
+    # the median norm is 2 (a 2x2 of ones): the third is scaled to ones, then (1+1+2)/4
+    assert np.allclose(merged["base.0.weight"], 1.0)
+
+
+def test_fedreg_aggregates_each_group_with_the_rule_and_its_own_weights() -> None:
+    strategy = FedReGStrategy(config(aggregation="trimmed-mean", **{"trim-fraction": 0.0}))
+    strategy._current = dict(CURRENT)
+    updates = [(reply(1.0, 10.0), {NUM_EXAMPLES: 1, "effective-examples": 3}),
+               (reply(3.0, 20.0), {NUM_EXAMPLES: 3, "effective-examples": 1})]  # fmt: skip
+    merged = strategy.aggregate_updates(1, updates)
+    assert np.allclose(merged["base.0.weight"], (1 * 1 + 3 * 3) / 4)  # by |D_k|
+    assert np.allclose(merged["head_g.0.bias"], (3 * 10 + 1 * 20) / 4)  # by e_k
+
+
+# ------------------------------------------------------------------ the bound
+def test_the_bound_finds_a_huge_update_and_leaves_honest_spread_alone() -> None:
+    norms = [1.0, 3.0, 40.0, 2.0, 1e30]
+    assert list(norm_outliers(norms, [1] * 5, factor=100)) == [4]
+    assert norm_outliers([1.0, 3.0, 40.0, 2.0], [1] * 4, factor=100) == {}
+
+
+def test_the_bound_compares_a_lone_reply_with_the_last_rounds_median() -> None:
+    assert list(norm_outliers([1e30], [1], factor=100, fallback=2.0)) == [0]
+    assert norm_outliers([1e30], [1], factor=100) == {}  # nothing to compare with yet
+    assert norm_outliers([5.0, 1e30], [1, 0], factor=100, fallback=2.0) == {}  # weight 0
+
+
+def test_the_bound_judges_each_group_and_keeps_the_median_for_a_lone_reply() -> None:
+    """Round 1: four replies, the fourth's head is 1e30 off (its base honest): refused for
+    the head. Round 2: a lone reply 1e30 off is judged against round 1's median."""
+    replies = [reply(1.0, 1.0), reply(1.1, 2.0), reply(0.9, 1.5), reply(1.0, 1e30)]
+    metrics = [{NUM_EXAMPLES: 10, "effective-examples": 5}] * 4
+    weights = {"base": NUM_EXAMPLES, "head_g": "effective-examples"}
+    medians: dict[str, float] = {}
+    first = bound(replies, metrics, CURRENT, weights, 100.0, medians)
+    assert list(first.refused) == [3] and "its update of head_g has L2 norm" in first.refused[3]
+    assert set(first.ratio_max) == {"base", "head_g"} and first.ratio_max["head_g"] < 2
+    assert medians["head_g"] == pytest.approx(np.linalg.norm([1.5, 1.5]))  # the honest three
+    second = bound([reply(1e30, 1.0)], metrics[:1], CURRENT, weights, 100.0, medians)
+    assert "more than update-norm-factor=100 times 2, the last round's median" in \
+        second.refused[0]  # fmt: skip
+
+
+def test_the_bound_is_nan_safe_and_off_at_zero() -> None:
+    assert list(norm_outliers([1.0, 1.0, float("inf")], [1, 1, 1], factor=100)) == [2]
+    strategy = FedReGStrategy(config(**{"update-norm-factor": 0.0}))
+    assert strategy.norm_outliers([object()]) == {}  # off: the replies are not even read
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ({"aggregation": "avg"}, "aggregation='avg'"),
+        ({"trim-fraction": 0.5}, "trim-fraction=0.5"),
+        ({"update-norm-factor": 0.5}, "update-norm-factor=0.5"),
+        ({"krum-byzantine": -1}, "krum-byzantine=-1"),
+        ({"clip-norm": -1.0}, "clip-norm=-1.0"),
+        ({"attack": "flood"}, "attack='flood'"),
+        ({"attack": "scale"}, "attack-fraction=0.0"),
+        ({"attack-fraction": 1.5}, "attack-fraction=1.5"),
+        ({"attack-scale": 0.0}, "attack-scale=0.0"),
+        (
+            {
+                "aggregation": "median",
+                "dp-mode": "central",
+                "dp-noise-multiplier": 1.0,
+                "dp-clip": 1.0,
+                "dp-delta": 1e-5,
+            },
+            "with dp-mode='central'",
+        ),  # fmt: skip
+        ({"algo": "local", "aggregation": "median"}, "no client update reaches the server"),
+    ],
+)
+def test_bad_robustness_settings_name_the_key(keys: dict, named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        settings = config(**keys)
+        from fedreg_app.registry import get_algorithm
+
+        get_algorithm(settings.algo).strategy.check_config(settings)
+
+
+# ------------------------------------------------------------------ attacks
+def test_the_liars_are_a_seeded_share_of_the_partitions() -> None:
+    liars = attackers(config(attack="scale", **{"attack-fraction": 0.2}), 20)
+    assert len(liars) == 4
+    assert liars == attackers(config(attack="sign-flip", **{"attack-fraction": 0.2}), 20)
+    assert liars != attackers(config(attack="scale", seed=1, **{"attack-fraction": 0.2}), 20)
+    assert attackers(config(), 20) == frozenset()
+
+
+def test_label_flipping_maps_y_to_c_minus_1_minus_y() -> None:
+    train = TensorData(torch.zeros(3, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 3, 9]))
+    assert flipped(train, 10).y.tolist() == [9, 6, 0]
+
+
+@pytest.mark.parametrize(
+    ("attack", "expected"),
+    [("scale", 10.0), ("sign-flip", -1.0)],
+)
+def test_scaling_and_sign_flipping_act_on_the_update(attack: str, expected: float) -> None:
+    sent, trained = reply(1.0, 1.0), reply(1.5, 0.5)
+    lied = lie(trained, sent, config(attack=attack, **{"attack-fraction": 0.1}), RecordDict(), 0, 1)
+    assert np.allclose(lied["base.0.weight"], 1.0 + expected * 0.5)
+    assert np.allclose(lied["head_g.0.bias"], 1.0 + expected * -0.5)
+
+
+def test_noise_has_the_honest_updates_spread_and_is_seeded() -> None:
+    sent = {"w": np.zeros(10_000, np.float32)}
+    trained = {"w": np.random.default_rng(0).normal(0, 0.3, 10_000).astype(np.float32)}
+    settings = config(attack="noise", **{"attack-fraction": 0.1})
+    lied = lie(trained, sent, settings, RecordDict(), 0, 1)["w"]
+    assert (
+        abs(float(lied.std()) - 0.3) < 0.01
+        and abs(float(np.corrcoef(lied, trained["w"])[0, 1])) < 0.05
+    )
+    assert np.array_equal(lied, lie(trained, sent, settings, RecordDict(), 0, 1)["w"])
+
+
+def test_a_replaying_client_sends_its_first_update_again() -> None:
+    settings, state = config(attack="replay", **{"attack-fraction": 0.1}), RecordDict()
+    first = lie(reply(1.5, 1.0), reply(1.0, 1.0), settings, state, 0, 1)
+    assert np.allclose(first["base.0.weight"], 1.5) and REPLAYED_UPDATE in state
+    later = lie(reply(9.0, 9.0), reply(2.0, 2.0), settings, state, 0, 5)
+    assert np.allclose(later["base.0.weight"], 2.5) and np.allclose(later["head_g.0.bias"], 2.0)
+
+
+# ------------------------------------------------------------ through a real round
+@pytest.fixture
+def federation(grey_dataset: Path, tmp_path: Path) -> dict[str, Any]:
+    """Four clients, all trained every round, on the in-process federation."""
+    return {
+        "algo": "fedreg", "dataset-path": str(grey_dataset), "local-epochs": 1,
+        "fraction-train": 1.0, "min-partition-size": 5, "num-server-rounds": 2, "seed": 5,
+        "results-dir": str(tmp_path / "results"),
+    }  # fmt: skip
+
+
+def test_a_scaling_liar_is_refused_every_round_and_the_model_stays_sound(
+    federation: dict[str, Any], tmp_path: Path
+) -> None:
+    """One client in four sends its update times 1e30 (through the ClientApp's own
+    attack path): the bound refuses it in every round, naming it, and the global model
+    stays where the honest three put it."""
+    lying = {**federation, "attack": "scale", "attack-fraction": 0.25, "attack-scale": 1e30}
+    [liar] = attackers(load_config(lying), 4)
+    run_server(lying)
+    document = results(tmp_path / "results")
+    for record in document["rounds"]:
+        assert (record["train_replies"], record["train_failures"]) == (3, 1)
+        [error] = record["errors"]
+        assert error["partitions"] == [liar]
+        assert "more than update-norm-factor=100 times" in error["error"]
+        ratios = record["update_norm_ratio_max"]  # the honest three's, for each group
+        assert set(ratios) == {"base", "head_g"} and all(0 < r < 100 for r in ratios.values())
+    model = final_model(tmp_path / "results")
+    assert all(np.isfinite(v).all() and np.abs(v).max() < 10 for v in model.values())
+
+
+def test_a_label_flipping_liar_is_still_the_client_its_data_says(
+    federation: dict[str, Any], tmp_path: Path
+) -> None:
+    """Label flipping changes what the client trains on, not the data it names: its
+    replies pass the server's checks (and are averaged, as the bound cannot tell)."""
+    run_server({**federation, "attack": "label-flip", "attack-fraction": 0.25})
+    for record in results(tmp_path / "results")["rounds"]:
+        assert (record["train_replies"], record["train_failures"]) == (4, 0)
