@@ -52,6 +52,7 @@ from fedreg_app.core.models import BASE, EXTRA, HEAD_G, SplitModel, initial_mode
 from fedreg_app.core.partition_map import PartitionMap
 from fedreg_app.core.persist import (
     RUN_FOLDER_LOCK,
+    check_results_dir,
     file_sha256,
     hold_folder,
     release_folder,
@@ -118,17 +119,6 @@ def run_folder(results_dir: str, parts: Iterable[Any], run_id: int) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", "_".join([stamp, *(str(p) for p in parts)]))
     return Path(results_dir or "results").expanduser().resolve() / f"{name[:160]}_run{run_id}"
-
-
-def check_results_dir(results_dir: str) -> None:
-    """``results-dir`` must be a folder, or a path whose first existing part is one (it
-    is created): a regular file there would fail only once the first round is written."""
-    path = Path(results_dir or "results").expanduser()
-    existing = next((p for p in (path, *path.parents) if p.exists()), None)
-    if existing is not None and not existing.is_dir():
-        where = "is" if existing == path else f"lies under {existing}, which is"
-        raise ConfigError(f"results-dir={results_dir!r} {where} a file, not a folder: "
-                          "expected a folder (created if missing)")  # fmt: skip
 
 
 def config_folder(config: RunConfig, run_id: int) -> Path:

@@ -334,7 +334,7 @@ def test_node_settings_from_the_node_config() -> None:
 
 
 def test_a_results_dir_that_is_a_file_is_named_before_any_work(tmp_path: Path) -> None:
-    from fedreg_app.server_app import check_results_dir
+    from fedreg_app.core.persist import check_results_dir
 
     (tmp_path / "taken").write_text("")
     with pytest.raises(ConfigError, match="results-dir='.*taken' is a file, not a folder"):

@@ -555,7 +555,7 @@ class RunConfig:
         if self.optimizer_state not in OPTIMIZER_STATES:
             _fail("optimizer-state", self.optimizer_state, f"one of {', '.join(OPTIMIZER_STATES)}")
         self.validate_privacy()
-        self.validate_robustness()
+        robustness.check_robustness(self)
         if not self.dataset and not self.dataset_path:
             _fail("dataset", self.dataset, "a Hugging Face hub id, or set dataset-path")
         if self.dataset_path:
@@ -582,35 +582,6 @@ class RunConfig:
         if not (0 < self.dp_delta < 1 if on else 0 <= self.dp_delta < 1):
             _fail("dp-delta", self.dp_delta,
                   f"a probability in (0, 1){when}, e.g. 1e-5 (it has no default)")  # fmt: skip
-
-    def validate_robustness(self) -> None:
-        """The keys of :mod:`fedreg_app.core.robustness`: the bound, the rule, the attack."""
-        factor = self.update_norm_factor
-        if not (factor == 0 or factor > 1):
-            _fail("update-norm-factor", factor, "a number > 1, or 0 to turn the bound off")
-        rules, attacks = robustness.AGGREGATIONS, robustness.ATTACKS
-        if self.aggregation not in rules:
-            _fail("aggregation", self.aggregation, _one_of(rules))
-        if not 0 <= self.trim_fraction < 0.5:
-            _fail("trim-fraction", self.trim_fraction, "a fraction in [0, 0.5)")
-        for key, value in (("krum-byzantine", self.krum_byzantine),
-                           ("multi-krum-keep", self.multi_krum_keep)):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                _fail(key, value, "an integer >= 0")
-        if not self.clip_norm >= 0:
-            _fail("clip-norm", self.clip_norm, "a number >= 0 (0: the round's median norm)")
-        if self.aggregation != "mean" and self.dp_mode == "central":
-            _fail("aggregation", self.aggregation, "'mean' with dp-mode='central' (its noise "
-                  "is calibrated to the weighted average's sensitivity)")  # fmt: skip
-        if self.attack not in attacks:
-            _fail("attack", self.attack, _one_of(attacks))
-        attacking = self.attack != "none"
-        low = self.attack_fraction > 0 if attacking else self.attack_fraction >= 0
-        if not (low and self.attack_fraction <= 1):
-            allowed = f"(0, 1] with attack={self.attack!r}" if attacking else "[0, 1]"
-            _fail("attack-fraction", self.attack_fraction, f"a fraction in {allowed}")
-        if not self.attack_scale > 0:
-            _fail("attack-scale", self.attack_scale, "a number > 0")
 
     @property
     def private(self) -> bool:

@@ -27,6 +27,8 @@ from typing import IO, Any, BinaryIO, TypeVar
 
 import numpy as np
 
+from fedreg_app.core.keys import ConfigError
+
 #: What reading a damaged file can raise (numpy, zipfile, json, the file system).
 READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile)
 T = TypeVar("T")
@@ -311,3 +313,14 @@ def folder_holder(folder: Path, lock_name: str) -> str | None:
             return handle.read().strip() or "a process that has not written its name yet"
         fcntl.flock(handle, fcntl.LOCK_UN)
     return None
+
+
+def check_results_dir(results_dir: str) -> None:
+    """``results-dir`` must be a folder, or a path whose first existing part is one (it
+    is created): a regular file there would fail only once the first round is written."""
+    path = Path(results_dir or "results").expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        where = "is" if existing == path else f"lies under {existing}, which is"
+        raise ConfigError(f"results-dir={results_dir!r} {where} a file, not a folder: "
+                          "expected a folder (created if missing)")  # fmt: skip

@@ -2,13 +2,15 @@
 the robust aggregation rules, and the attacks a run can simulate to measure them.
 
 Declared here and used as fields of :class:`~fedreg_app.core.config.RunConfig` (flat
-run-config keys like every other); checked by ``RunConfig.validate_robustness``. The rules are in
+run-config keys like every other); checked by :func:`check_robustness`. The rules are in
 ``strategies/robust.py``, the attacks in ``clients/attacks.py``.
 """
 
 from __future__ import annotations
 
-from fedreg_app.core.keys import core_key, one_of
+from typing import Protocol
+
+from fedreg_app.core.keys import core_key, fail, one_of
 
 AGGREGATIONS = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip")
 ATTACKS = ("none", "scale", "sign-flip", "label-flip", "noise", "replay")
@@ -81,3 +83,48 @@ ATTACK_SCALE = core_key(
     doc="The factor of `attack = scale`.",
     source="Bagdasaryan et al. 2020 (boosting by n / η; 10 clients a round, η = 1)",
 )
+
+
+class RobustnessSettings(Protocol):
+    """What :func:`check_robustness` reads of a run config (a ``RunConfig``)."""
+
+    update_norm_factor: float
+    aggregation: str
+    trim_fraction: float
+    krum_byzantine: int
+    multi_krum_keep: int
+    clip_norm: float
+    attack: str
+    attack_fraction: float
+    attack_scale: float
+    dp_mode: str
+
+
+def check_robustness(config: RobustnessSettings) -> None:
+    """Raise :class:`~fedreg_app.core.keys.ConfigError` for the first robustness key
+    that cannot work: the bound, the rule, the attack."""
+    factor = config.update_norm_factor
+    if not (factor == 0 or factor > 1):
+        fail("update-norm-factor", factor, "a number > 1, or 0 to turn the bound off")
+    if config.aggregation not in AGGREGATIONS:
+        fail("aggregation", config.aggregation, one_of(AGGREGATIONS))
+    if not 0 <= config.trim_fraction < 0.5:
+        fail("trim-fraction", config.trim_fraction, "a fraction in [0, 0.5)")
+    for key, value in (("krum-byzantine", config.krum_byzantine),
+                       ("multi-krum-keep", config.multi_krum_keep)):  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            fail(key, value, "an integer >= 0")
+    if not config.clip_norm >= 0:
+        fail("clip-norm", config.clip_norm, "a number >= 0 (0: the round's median norm)")
+    if config.aggregation != "mean" and config.dp_mode == "central":
+        fail("aggregation", config.aggregation, "'mean' with dp-mode='central' (its noise "
+             "is calibrated to the weighted average's sensitivity)")  # fmt: skip
+    if config.attack not in ATTACKS:
+        fail("attack", config.attack, one_of(ATTACKS))
+    attacking = config.attack != "none"
+    low = config.attack_fraction > 0 if attacking else config.attack_fraction >= 0
+    if not (low and config.attack_fraction <= 1):
+        allowed = f"(0, 1] with attack={config.attack!r}" if attacking else "[0, 1]"
+        fail("attack-fraction", config.attack_fraction, f"a fraction in {allowed}")
+    if not config.attack_scale > 0:
+        fail("attack-scale", config.attack_scale, "a number > 0")
