@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,18 +39,23 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from pfllib_bridge import (
+    WORKER_TIMEOUT,
+    client_schedule,
+    fedavgcnn,
+    git_commit,
+    load_weights,
+    median,
+    pfllib_namespace,
+    run_worker,
+    save_weights,
+    shared_config,
+    steady,
+    use_pfllib,
+    write_pfllib_dataset,
+)
+
 PFLLIB_DATASET = "FashionMNIST_vs_peers"
-WORKER_TIMEOUT = 3600
-
-
-# ------------------------------------------------------------------ shared helpers
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def steady(values: list[float]) -> list[float]:
-    """Rounds 2..N (the first starts things up)."""
-    return values[1:] or values
 
 
 # ------------------------------------------------------------------ the work, written out
@@ -59,9 +63,8 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Our partition, initial weights and sampling schedule, written for the peers."""
     import numpy as np
 
-    from fedreg_app.core.data import PartitionKey, load_client_data, load_info, normalise
+    from fedreg_app.core.data import PartitionKey, load_client_data, load_info
     from fedreg_app.core.models import build_model
-    from fedreg_app.core.seeds import rng
     from fedreg_app.registry import load_config
     from strategies.base import sample_size
 
@@ -70,40 +73,24 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     info = load_info(key)
     clients = [load_client_data(key, i) for i in range(args.clients)]
 
-    # PFLlib: dataset/<name>/{train,test}/<i>.npz holding data={'x': float32, 'y': int64}
-    # (its own generators store the images normalised by (x - 0.5) / 0.5, as ours are).
-    pfllib_root = folder / "pfllib"
-    for split in ("train", "test"):
-        (pfllib_root / "dataset" / PFLLIB_DATASET / split).mkdir(parents=True)
-    (pfllib_root / "system").mkdir()
+    write_pfllib_dataset(clients, folder / "pfllib", PFLLIB_DATASET)
     arrays: dict[str, np.ndarray] = {}
     for client in clients:
         for split in ("train", "test"):
             part = getattr(client, split)
-            x, y = normalise(part.x).numpy(), part.y.numpy()
-            path = pfllib_root / "dataset" / PFLLIB_DATASET / split / f"{client.partition_id}.npz"
-            with path.open("wb") as handle:  # PFLlib's format is a pickled dict
-                np.savez_compressed(handle, data={"x": x, "y": y})
             arrays[f"{split}_x_{client.partition_id}"] = part.x.numpy()
             arrays[f"{split}_y_{client.partition_id}"] = part.y.numpy()
     np.savez(folder / "clients.npz", **arrays)  # uint8 images, for pfl
 
     model = build_model(info, 1, config.seed, model="fedavgcnn")
-    initial = [p.detach().numpy().copy() for p in model.parameters()]
-    np.savez(folder / "initial.npz", **{f"p{i}": a for i, a in enumerate(initial)})
-
-    # The strategy's draw (strategies.base.sample_partitions with every node connected);
-    # one more round than needed, for PFLlib's extra iteration.
-    draw = rng(config.seed, "sampling")
-    k = sample_size(args.clients, args.fraction)
-    schedule = [
-        sorted(int(p) for p in draw.choice(list(range(args.clients)), size=k, replace=False))
-        for _ in range(args.rounds + 1)
-    ]
+    save_weights(folder / "initial.npz", model.parameters())
+    # one more round than needed, for PFLlib's extra iteration
+    schedule = client_schedule(config.seed, args.clients, args.fraction, args.rounds + 1)
     return {
+        "dataset": PFLLIB_DATASET,
         "rounds": args.rounds,
         "clients": args.clients,
-        "per_round": k,
+        "per_round": sample_size(args.clients, args.fraction),
         "lr": args.lr,
         "batch_size": args.batch_size,
         "threads": args.threads,
@@ -120,24 +107,7 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 
 def our_config(args: argparse.Namespace, results_dir: Path) -> dict[str, Any]:
-    return {
-        "algo": "fedavg",
-        "model": "fedavgcnn",
-        "head-depth": 1,
-        "dataset-path": str(Path(args.dataset_path).resolve()),
-        "data-fraction": args.data_fraction,
-        "alpha": args.alpha,
-        "seed": 0,
-        "num-server-rounds": args.rounds,
-        "local-epochs": 1,
-        "batch-size": args.batch_size,
-        "lr": args.lr,
-        "momentum": 0.0,
-        "fraction-train": args.fraction,
-        "eval-every": 1,
-        "global-eval": "clients",
-        "results-dir": str(results_dir),
-    }
+    return shared_config(args, "fedavg", 0, results_dir)
 
 
 # ------------------------------------------------------------------ this project
@@ -168,31 +138,12 @@ def run_ours(link: Any, args: argparse.Namespace, spec: dict[str, Any], index: i
 # ------------------------------------------------------------------ peers (subprocesses)
 def run_peer(name: str, python: str, spec_path: Path, cwd: Path) -> dict[str, Any]:
     """Run a worker of this script in the peer's interpreter; its JSON result or the error."""
-    out = spec_path.parent / f"{name}-result.json"
-    out.unlink(missing_ok=True)
-    command = [python, str(Path(__file__).resolve()), "--worker", name,
-               "--spec", str(spec_path), "--out", str(out)]  # fmt: skip
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    result = subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT
-    )
-    if result.returncode != 0 or not out.exists():
-        tail = (result.stdout + result.stderr).strip().splitlines()[-15:]
-        return {"error": "\n".join(tail) or f"exit {result.returncode}"}
-    return json.loads(out.read_text())
+    return run_worker(Path(__file__), name, python, spec_path, cwd)
 
 
 def load_initial(model: Any, folder: Path) -> None:
     """Copy our initial weights in, parameter by parameter (same order and shapes)."""
-    import numpy as np
-    import torch
-
-    initial = np.load(folder / "initial.npz")
-    parameters = list(model.parameters())
-    assert len(parameters) == len(initial.files), (len(parameters), initial.files)
-    with torch.no_grad():
-        for i, parameter in enumerate(parameters):
-            parameter.copy_(torch.from_numpy(initial[f"p{i}"]))
+    load_weights(model, folder / "initial.npz")
 
 
 def pfllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -202,30 +153,15 @@ def pfllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import numpy as np
     import torch
 
-    system = Path(spec["pfllib"]) / "system"
-    sys.path.insert(0, str(system))
-    torch.set_num_threads(spec["threads"])
+    use_pfllib(spec)
     torch.manual_seed(0)  # as PFLlib's main.py
     np.random.seed(0)
     from flcore.servers import serverbase  # noqa: I001 - PFLlib's modules
     from flcore.servers.serveravg import FedAvg
-    from flcore.trainmodel.models import FedAvgCNN
 
-    side = ((spec["height"] - 4) // 2 - 4) // 2
-    model = FedAvgCNN(spec["channels"], spec["num_classes"], dim=64 * side * side)
+    model = fedavgcnn(spec)
     load_initial(model, Path(spec["folder"]))
-    args = argparse.Namespace(  # PFLlib's main.py defaults, with the shared settings
-        device="cpu", dataset=PFLLIB_DATASET, num_classes=spec["num_classes"], model=model,
-        batch_size=spec["batch_size"], local_learning_rate=spec["lr"],
-        learning_rate_decay=False, learning_rate_decay_gamma=0.99,
-        global_rounds=spec["rounds"], local_epochs=1, algorithm="FedAvg",
-        join_ratio=spec["per_round"] / spec["clients"], random_join_ratio=False,
-        num_clients=spec["clients"], few_shot=0, time_select=False, goal="vs_peers",
-        time_threthold=10000, save_folder_name="items", top_cnt=100, auto_break=False,
-        eval_gap=1, client_drop_rate=0.0, train_slow_rate=0.0, send_slow_rate=0.0,
-        dlg_eval=False, dlg_gap=100, batch_num_per_client=2, num_new_clients=0,
-        fine_tuning_epoch_new=0, prev=0, times=1,
-    )  # fmt: skip
+    args = pfllib_namespace(spec, "FedAvg", model, goal="vs_peers")
     timings: dict[str, list[float]] = {"test_metrics": [], "train_metrics": []}
 
     def timed(name: str, method: Any) -> Any:
@@ -464,14 +400,7 @@ def main() -> None:
 
 
 def peer_versions(args: argparse.Namespace) -> dict[str, str]:
-    commit = "none"
-    if args.pfllib:
-        found = subprocess.run(
-            ["git", "-C", args.pfllib, "rev-parse", "--short", "HEAD"],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        commit = found.stdout.strip() or "unknown (not a git clone)"
-    return {"pfllib_commit": commit}
+    return {"pfllib_commit": git_commit(args.pfllib)}
 
 
 def compare(args: argparse.Namespace) -> None:

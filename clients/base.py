@@ -7,6 +7,7 @@ they predict personally; loading, saving private state, seeding and evaluation l
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +140,11 @@ class ClientProcedure:
         self.restore_private()
         self.keep_optimizers = False  # evaluation leaves the client's state as it was
         self.prepare_personal_model(server_round)
+        return self.count_correct(global_parts)
+
+    def count_correct(self, global_parts: tuple[nn.Module, Forward] | None) -> dict[str, int]:
+        """Correct counts of the personal model as the procedure holds it now and, when
+        given, of the global model, in one pass over the test split."""
         self.model.eval()
         personal_base, personal_head = self.personal_parts()
         models = {PERSONAL_CORRECT: (personal_base, personal_head)}
@@ -150,6 +156,25 @@ class ClientProcedure:
             models[GLOBAL_CORRECT] = (base, head)
         correct = count_correct_each(models, self.data.test, self.device)
         return {NUM_TEST: len(self.data.test), **correct}
+
+    def evaluate_as_new_client(
+        self,
+        global_arrays: dict[str, np.ndarray],
+        server_round: int,
+        global_parts: tuple[nn.Module, Forward] | None = None,
+    ) -> dict[str, int]:
+        """A held-out client (``new-client-fraction``): one local round of the algorithm
+        from the global model, ``new-client-epochs`` epochs on a state of its own that
+        is then dropped, and the personal model that round leaves (with 0 epochs: the
+        one an untrained client has)."""
+        epochs = self.config.new_client_epochs
+        self.keep_optimizers = False
+        if epochs == 0:
+            return self.evaluate(global_arrays, server_round, global_parts)
+        self.config = dataclasses.replace(self.config, local_epochs=epochs)
+        self.setup = dataclasses.replace(self.setup, config=self.config, state=RecordDict())
+        self.train(global_arrays, server_round)
+        return self.count_correct(global_parts)
 
     def personal_parts(self) -> tuple[nn.Module, Forward]:
         """The personal model as (base, head on base features)."""

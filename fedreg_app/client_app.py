@@ -48,6 +48,7 @@ from fedreg_app.core.data import (
     tensors_digest,
 )
 from fedreg_app.core.models import SplitModel, checked_value, initial_model
+from fedreg_app.core.new_clients import held_out
 from fedreg_app.core.persist import file_sha256_cached
 from fedreg_app.core.privacy import privatise_locally
 from fedreg_app.core.protocol import (
@@ -472,6 +473,13 @@ def is_attacker(setup: ClientSetup) -> bool:
     return setup.data.partition_id in attackers(setup.config, setup.partition_key.num_partitions)
 
 
+def is_new_client(setup: ClientSetup) -> bool:
+    """Whether this partition is held out of training (``new-client-fraction``)."""
+    if setup.config.new_client_fraction == 0 or setup.partition_key is None:
+        return False
+    return setup.data.partition_id in held_out(setup.config, setup.partition_key.num_partitions)
+
+
 def dp_reference(
     algorithm: Algorithm, procedure: ClientProcedure, sent: dict, msg: Message, server_round: int
 ) -> dict:
@@ -534,6 +542,8 @@ def evaluate_work(
                              "expected only the entries not sent")  # fmt: skip
         whole = {**arrays, **rest}
         global_parts = global_model_parts(algorithm, procedure.setup, whole)
+    if is_new_client(procedure.setup):
+        return procedure.evaluate_as_new_client(arrays, server_round, global_parts), None
     return procedure.evaluate(arrays, server_round, global_parts), None
 
 

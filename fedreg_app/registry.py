@@ -13,10 +13,15 @@ from typing import Any
 from clients.base import ClientProcedure
 from clients.centralised import CentralisedClient
 from clients.ditto import DittoClient, DittoOptions
+from clients.fedala import FedALAClient, FedALAOptions
+from clients.fedas import FedASClient, FedASOptions
 from clients.fedavg import FedAvgClient
 from clients.fedavg2rep import FedAvg2RepClient, FedAvg2RepOptions
+from clients.fedavg_ft import FedAvgFTClient, FedAvgFTOptions
 from clients.fedbabu import FedBABUClient, FedBABUOptions
 from clients.fedbabu_deviation import DeviationOptions, FedBABUDeviationClient
+from clients.fedcp import FedCPClient, FedCPOptions
+from clients.feddbe import FedDBEClient, FedDBEOptions
 from clients.feddyn import FedDynClient, FedDynOptions
 from clients.fedper import FedPerClient
 from clients.fedprox import FedProxClient, FedProxOptions
@@ -31,10 +36,15 @@ from fedreg_app.core.config import AlgorithmOptions, ConfigError, RunConfig
 from strategies.base import PersonalizedStrategy
 from strategies.centralised import CentralisedStrategy
 from strategies.ditto import DittoStrategy
+from strategies.fedala import FedALAStrategy
+from strategies.fedas import FedASStrategy
 from strategies.fedavg import FedAvgStrategy
 from strategies.fedavg2rep import FedAvg2RepStrategy
+from strategies.fedavg_ft import FedAvgFTStrategy
 from strategies.fedbabu import FedBABUStrategy
 from strategies.fedbabu_deviation import FedBABUDeviationStrategy, recorded_end
+from strategies.fedcp import FedCPStrategy
+from strategies.feddbe import FedDBEStrategy
 from strategies.feddyn import FedDynStrategy
 from strategies.fedper import FedPerStrategy
 from strategies.fedprox import FedProxStrategy
@@ -104,6 +114,22 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("fedseq-anti", FedSeqAntiStrategy, FedSeqAntiClient,
                   "base layers unfrozen output side first; head frozen; fine-tune at the end",
                   FedSeqOptions),
+        Algorithm("fedavg-ft", FedAvgFTStrategy, FedAvgFTClient,
+                  "FedAvg; the global model fine-tuned on each client before its evaluation "
+                  "(ft-epochs)", FedAvgFTOptions),
+        Algorithm("fedala", FedALAStrategy, FedALAClient,
+                  "FedAvg; each client merges the global model into its own with learned "
+                  "element-wise weights on the top layers", FedALAOptions),
+        Algorithm("fedas", FedASStrategy, FedASClient,
+                  "global base aligned to the client's class prototypes; models averaged by "
+                  "Fisher-information trace; head private", FedASOptions),
+        Algorithm("feddbe", FedDBEStrategy, FedDBEClient,
+                  "FedAvg + domain bias eliminator: private feature bias, features' running "
+                  "mean pulled to a global mean fixed once (feddbe-kappa)", FedDBEOptions),
+        Algorithm("fedcp", FedCPStrategy, FedCPClient,
+                  "conditional policy splits each feature between a private and a frozen "
+                  "global head; base, global head and policy network shared (fedcp-lambda)",
+                  FedCPOptions),
         Algorithm("local", LocalStrategy, LocalClient,
                   "reference: each client trains only on its own data, no communication",
                   reference=True),

@@ -40,6 +40,7 @@ from fedreg_app.core.data import (
     split_sizes,
 )
 from fedreg_app.core.environment import describe_environment
+from fedreg_app.core.figures import client_figures
 from fedreg_app.core.metrics import (
     ENDED_AFTER_ROUND,
     INIT_MODEL_SHA256,
@@ -63,14 +64,10 @@ from fedreg_app.core.protocol import (
     COMPUTE_SECONDS,
     COST_SECONDS,
     HANDLER_SECONDS,
-    HOST,
-    HOST_KEYS,
-    HOST_VALUE_CHARS,
     METRICS,
     NUM_PROCESSED,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
-    STATE_RESET_RECORDS,
     STATE_RESETS,
 )
 from fedreg_app.core.records import from_record, to_record
@@ -85,6 +82,13 @@ from fedreg_app.nodes import (
     wait_for_clients,
 )
 from fedreg_app.registry import algorithm_of, load_config
+from fedreg_app.round_report import (
+    client_hosts,
+    reset_records,
+    round_line,
+    sampled_accuracy,
+    trained_in,
+)
 from strategies.base import PersonalizedStrategy
 from strategies.privacy import DifferentialPrivacy, check_privacy_allowed
 from strategies.replies import RunFacts
@@ -442,11 +446,12 @@ def save_checkpoint(
 def coverage(
     evaluation: Evaluation, num_clients: int, num_test: int | None
 ) -> dict[str, int | None] | None:
-    """How much of the federation the personal figure covers."""
+    """How much of the federation the personal figure covers (the held-out new clients,
+    reported apart, are not of it)."""
     if not evaluation.phase.sent and not evaluation.personal:
         return None
     return {
-        "clients": len(evaluation.phase.accepted),
+        "clients": len(evaluation.personal.get("client-partitions", [])),
         "of_clients": num_clients,
         "test_samples": int(evaluation.personal.get("num-test", 0)),
         "of_test_samples": num_test,
@@ -466,13 +471,14 @@ def round_record(
     partial figure is ``personal_accuracy_answered``. The same holds for the global
     accuracy where the clients compute it."""
     personal = evaluation.personal
-    covered = coverage(evaluation, strategy.num_partitions, num_test)
+    covered = coverage(evaluation, strategy.num_partitions - len(strategy.held_out), num_test)
     complete = covered is not None and covered["clients"] == covered["of_clients"]
     on_clients = strategy.global_evaluation == "clients"
     client_accuracies = None
     if personal:
         partitions, accuracies = personal["client-partitions"], personal["client-accuracies"]
         client_accuracies = {str(p): a for p, a in zip(partitions, accuracies, strict=True)}
+    spread = client_figures(client_accuracies.values() if complete and client_accuracies else [])
     eval_metrics = [dict(m.content[METRICS]) for m in evaluation.phase.accepted]
     train_replies = [dict(m.content[METRICS]) for m in training.accepted]
 
@@ -503,6 +509,10 @@ def round_record(
         server_eval_seconds=round(evaluation.server_seconds, 3),
         sampled_clients=list(strategy.last_sampled),
         client_accuracies=client_accuracies,
+        **spread,
+        new_clients=int(personal.get("new-clients", 0)),
+        new_client_personal_accuracy=personal.get("new-client-personal-accuracy"),
+        new_client_global_accuracy=personal.get("new-client-global-accuracy"),
         train_replies=len(training.accepted),
         train_failures=len(training.failures),
         eval_replies=len(evaluation.phase.accepted),
@@ -521,79 +531,6 @@ def round_record(
         update_norm_ratio_max=dict(strategy.norm_ratio_max),
         global_model_kept=training.model_kept and strategy.has_global_model,
     )
-
-
-def reset_records(replies: Iterable[Message]) -> list[dict[str, Any]]:
-    """Which partition's private records started afresh, as its replies name them."""
-    found = []
-    for reply in replies:
-        if STATE_RESET_RECORDS in reply.content.config_records:
-            names = reply.content[STATE_RESET_RECORDS].get("records", [])
-            names = names if isinstance(names, list) else [names]
-            partition = int(reply.content[METRICS][PARTITION_ID])
-            found.append(
-                {
-                    "partition": partition,
-                    "phase": reply.metadata.message_type,
-                    "records": [str(n)[:100] for n in names[:20]],
-                }
-            )  # a bounded say
-    return found
-
-
-def client_hosts(replies: Iterable[Message]) -> dict[str, dict[str, str]]:
-    """Where each reply's client ran, by partition (what it said: only the known
-    :data:`HOST_KEYS`, as text, each cut short)."""
-    hosts = {}
-    for reply in replies:
-        if HOST in reply.content.config_records:
-            said = reply.content[HOST]
-            hosts[str(int(reply.content[METRICS][PARTITION_ID]))] = {
-                key: said[key][:HOST_VALUE_CHARS]
-                for key in HOST_KEYS
-                if isinstance(said.get(key), str)
-            }
-    return dict(sorted(hosts.items(), key=lambda item: int(item[0])))
-
-
-def sampled_accuracy(personal: dict[str, Any], trained: set[int]) -> float | None:
-    """The personal accuracy over the clients that have trained, when every one of them
-    answered the evaluation (as the all-client figure needs every client); else None."""
-    if not trained or personal.get("sampled-clients-evaluated") != len(trained):
-        return None
-    return personal["personal-accuracy-sampled"]
-
-
-def trained_in(records: Iterable[RoundRecord]) -> set[int]:
-    """The clients with an accepted training reply in ``records``: each round's sampled
-    clients less those a training error names. Only for checkpoints of earlier versions,
-    which did not store the set."""
-    trained: set[int] = set()
-    for record in records:
-        failed = {p for e in record.errors if e["phase"] == "train" for p in e["partitions"]}
-        trained.update(set(record.sampled_clients) - failed)
-    return trained
-
-
-def round_line(record: RoundRecord, num_rounds: int) -> str:
-    def pct(value: float | None) -> str:
-        return "   -   " if value is None else f"{100 * value:6.2f}%"
-
-    line = (
-        f"[round {record.round:>3}/{num_rounds}] {record.train_seconds + record.eval_seconds:7.1f}s"
-        f" | global {pct(record.global_accuracy)} | personal {pct(record.personal_accuracy)}"
-        f" | sampled {pct(record.personal_accuracy_sampled)} ({record.clients_trained} trained)"
-    )
-    if record.dp_epsilon is not None:
-        line += f" | ε {record.dp_epsilon:.2f}"
-    if record.degraded:
-        line += (
-            f" | DEGRADED: {record.train_failures} train / {record.eval_failures} eval "
-            f"failures; personal over answered {pct(record.personal_accuracy_answered)}"
-        ) + (f"; {record.state_resets} state resets" if record.state_resets else "")
-    if record.global_model_kept:
-        line += f" | global model kept ({record.train_replies} replies < min-train-replies)"
-    return line
 
 
 def describe_error(error: BaseException) -> str:

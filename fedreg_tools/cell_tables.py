@@ -13,13 +13,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from fedreg_app.core.figures import LAST_ROUNDS, client_figures
 from fedreg_tools.round_tables import GLOBAL, RunResult, personal_metric
-
-#: Rounds averaged for the "last rounds" figure (as ``fedreg-report``'s run table).
-LAST_ROUNDS = 10
-#: The bottom decile: the mean personal accuracy of the lowest tenth of the clients (at
-#: least one client).
-DECILE = 0.1
 
 
 def mean_std(values: Sequence[float], signed: bool = False) -> str:
@@ -53,8 +48,8 @@ def worst_and_bottom_decile(run: RunResult) -> tuple[float, float] | None:
     clients = final_clients(run)
     if not clients:
         return None
-    tenth = max(1, round(DECILE * len(clients)))
-    return clients[0], statistics.fmean(clients[:tenth])
+    figures = client_figures(clients)
+    return figures["personal_accuracy_worst"], figures["personal_accuracy_bottom_decile"]
 
 
 def _column(runs: Sequence[RunResult], figure) -> list[float]:

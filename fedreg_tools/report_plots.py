@@ -20,7 +20,7 @@ import numpy as np
 
 from fedreg_tools.paper_cells import PaperCells
 from fedreg_tools.report_tables import SHARED_KEYS
-from fedreg_tools.round_tables import personal_metric
+from fedreg_tools.round_tables import PERSONAL_FIGURES, personal_metric
 from fedreg_tools.run_records import (
     CELL_SEPARATOR,
     DEGRADED_MARK,
@@ -85,7 +85,8 @@ def plot_accuracy_curves(
             )
             if published is not None:
                 axis.axhline(published, color=colour, linestyle="--", linewidth=1, alpha=0.8)
-    personal_name = "personal models" + ("" if personal == "all" else " (trained clients)")
+    personal_name = {"all": "personal models", "sampled": "personal models (trained clients)"}
+    personal_name = personal_name.get(personal, f"personal models, {PERSONAL_FIGURES[personal][1]}")
     for axis, name in zip(axes, ("global model", personal_name), strict=True):
         axis.set_title(f"{name}: accuracy per round")
         axis.set_xlabel("round")

@@ -16,9 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from fedreg_app.core.environment import client_devices
+from fedreg_app.core.figures import CLIENT_FIGURES, LAST_ROUNDS, client_figures
 from fedreg_app.core.metrics import FAILED, first_line
+from fedreg_tools.cell_tables import final_clients
 from fedreg_tools.paper_cells import PaperCells
-from fedreg_tools.round_tables import GLOBAL, personal_metric
+from fedreg_tools.round_tables import GLOBAL, personal_metric, personal_note
 from fedreg_tools.run_records import (
     ANSWERED_MARK,
     CELL_SEPARATOR,
@@ -44,11 +46,6 @@ ANSWERED_NOTE = (
 UNFINISHED_NOTE = (
     f"{UNFINISHED_MARK} unfinished: these runs have not done all their rounds (status "
     "`running` or `stopped`); the figures are the best over the rounds done so far"
-)
-
-SAMPLED_NOTE = (
-    "P sampled: the personal accuracy over the clients that had trained at least once by "
-    "that round (best round; the all-client P includes never-sampled clients)"
 )
 
 
@@ -125,7 +122,7 @@ def paper_table(results: Sequence[RunResult], personal: str = "all") -> str:
             seeds.append(str(len(runs)))
         lines.append("| " + " | ".join(row + ["/".join(seeds)]) + " |")
     table = footnotes("\n".join(lines))
-    return table if personal == "all" else f"{table}\n\n{SAMPLED_NOTE}"
+    return table if personal == "all" else f"{table}\n\n{personal_note(personal)} (best round)"
 
 
 #: Keys the cells of one experiment share for their comparison to be fair (the data and
@@ -341,12 +338,13 @@ def provenance_table(
 
 
 # --------------------------------------------------------- one run on its own
-#: The evaluated rounds whose mean a run's table gives beside its best and final figures.
-LAST_ROUNDS = 10
 RUN_NOTE = (
     f"best: the highest figure, with its round; final: the last evaluated round's; last "
     f"{LAST_ROUNDS}: the mean over the last {LAST_ROUNDS} evaluated rounds (over all of them "
-    f"where fewer were evaluated). Percent."
+    f"where fewer were evaluated). P is weighted by the clients' test samples; *P per "
+    f"client*, *worst*, *bottom 10%*: at the last round that evaluated every client, the "
+    f"unweighted mean of the clients' personal accuracies, the lowest one and the mean of "
+    f"the lowest tenth. Percent."
 )
 RUN_DEGRADED_NOTE = (
     "In a degraded run's rounds with missing replies, P is over the clients that answered "
@@ -390,9 +388,11 @@ def run_table(runs: Sequence[RunResult], personal: str = "all") -> str:
     """One line per run, whatever its status: its best, final and last-rounds mean of G
     and P, with its rounds done; under it, each run's file and what its status says."""
     p = "P" if personal == "all" else f"P {personal}"
-    header = ["run", "status", "rounds"] + [
-        f"{m} {f}" for m in ("G", p) for f in ("best", "final", f"last {LAST_ROUNDS}")
-    ]
+    header = (
+        ["run", "status", "rounds"]
+        + [f"{m} {f}" for m in ("G", p) for f in ("best", "final", f"last {LAST_ROUNDS}")]
+        + ["P per client", "worst", "bottom 10%"]
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for run in runs:
         g = run_figures(run, GLOBAL)
@@ -400,10 +400,12 @@ def run_table(runs: Sequence[RunResult], personal: str = "all") -> str:
             marked(text, run.degraded)
             for text in run_figures(run, personal_metric(personal), run.degraded)
         ]
-        cells = [run.cell, run_status(run.document) or "–", run.progress, *g, *p_values]
+        spread = client_figures(final_clients(run))
+        tails = [_percent(spread[name]) for name in CLIENT_FIGURES]
+        cells = [run.cell, run_status(run.document) or "–", run.progress, *g, *p_values, *tails]
         lines.append("| " + " | ".join(cells) + " |")
     notes = [RUN_NOTE] + ([RUN_DEGRADED_NOTE] if any(r.degraded for r in runs) else [])
     if personal != "all":
-        notes.append(SAMPLED_NOTE)
+        notes.append(personal_note(personal))
     where = [f"- {run.cell}: {run.folder / 'results.json'}; {run_state(run)}" for run in runs]
     return "\n\n".join([footnotes("\n".join(lines)), *notes, "\n".join(where)])

@@ -25,7 +25,9 @@ and the differences in points (the runner does so for its own config files).
 ``--personal sampled`` shows, in the P columns and the personal curves, the personal
 accuracy over the clients that had trained at least once (``personal_accuracy_sampled``)
 instead of the all-client figure (the default: the sources evaluate every client, trained
-or not). Plots:
+or not); ``--personal client-mean``, ``worst`` and ``bottom-decile`` show the clients'
+unweighted mean, the lowest client and the lowest tenth instead (records that predate
+these fields give them from their ``client_accuracies``). Plots:
 
 * ``<experiment>_accuracy.png`` - global and personal accuracy per round for each cell,
   mean over seeds with a band of one standard deviation;
@@ -70,7 +72,7 @@ from fedreg_tools.report_tables import (
     provenance_table,
     run_table,
 )
-from fedreg_tools.round_tables import GLOBAL, personal_metric, rounds_report
+from fedreg_tools.round_tables import GLOBAL, PERSONAL_FIGURES, personal_metric, rounds_report
 from fedreg_tools.run_records import CELL_SEPARATOR, by_key, is_run, read_runs, scan_roots
 
 # torch, the data and the algorithms (fedreg_app.registry), and matplotlib are imported
@@ -78,7 +80,6 @@ from fedreg_tools.run_records import CELL_SEPARATOR, by_key, is_run, read_runs, 
 
 #: The personal figures a report can show: every client's (the sources'), or only those
 #: of the clients that had trained at least once.
-PERSONAL_FIGURES = ("all", "sampled")
 DEFAULT_VERSUS = "fedreg"  # rounds.md's reference cell: the product's method
 
 
@@ -255,9 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="where to write (default: PATH/report, or "
                         "RUN-FOLDER/report; needed with several paths)")  # fmt: skip
     parser.add_argument(
-        "--personal", choices=PERSONAL_FIGURES, default="all",
-        help="personal accuracy shown: over all clients (default, as the sources) or over "
-        "the clients that had trained at least once (sampled)",
+        "--personal", choices=list(PERSONAL_FIGURES), default="all",
+        help="personal figure shown: over all clients (default, as the sources), over the "
+        "clients that had trained at least once (sampled), or the per-client mean, the "
+        "worst client or the bottom decile",
     )  # fmt: skip
     parser.add_argument(
         "--unfinished", action="store_true",

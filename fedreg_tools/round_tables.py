@@ -32,13 +32,40 @@ class RunResult(Protocol):
     def series(self, metric: str, answered: bool = False) -> tuple[list[int], list[float]]: ...
 
 
+#: ``--personal``: which per-round personal figure a report shows in its P columns and
+#: curves -> (the round field, its short name, what it is).
+PERSONAL_FIGURES = {
+    "all": ("personal_accuracy", "P", "over every client, weighted by test samples"),
+    "sampled": (
+        "personal_accuracy_sampled", "P (trained clients)",
+        "P sampled: the personal accuracy over the clients that had trained at least once "
+        "by that round (the all-client P includes never-sampled clients)",
+    ),
+    "client-mean": (
+        "personal_accuracy_client_mean", "P per client",
+        "P per client: the unweighted mean of the clients' personal accuracies",
+    ),
+    "worst": ("personal_accuracy_worst", "P worst client",
+              "P worst client: the lowest client's personal accuracy in the round"),
+    "bottom-decile": (
+        "personal_accuracy_bottom_decile", "P bottom 10%",
+        "P bottom 10%: the mean personal accuracy of the lowest tenth of the clients",
+    ),
+}  # fmt: skip
+
+
 def personal_metric(personal: str) -> str:
-    """The per-round personal accuracy a report shows (``all`` or ``sampled``)."""
-    return "personal_accuracy" + ("" if personal == "all" else f"_{personal}")
+    """The per-round personal figure a report shows (a key of :data:`PERSONAL_FIGURES`)."""
+    return PERSONAL_FIGURES[personal][0]
+
+
+def personal_note(personal: str) -> str:
+    """What a report's P is, under its tables where it is not the all-client figure."""
+    return PERSONAL_FIGURES[personal][2]
 
 
 def _personal_name(personal: str) -> str:
-    return "P" if personal == "all" else "P (trained clients)"
+    return PERSONAL_FIGURES[personal][1]
 
 
 def _shown(cell: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from fedreg_app.core.checkpoint import RESUMABLE_CHANGES, Seal, read_seal
 from fedreg_app.core.config import ConfigError, as_ran, is_whole, setting_differences
+from fedreg_app.core.figures import CLIENT_FIGURES, client_figures
 from fedreg_app.core.metrics import (
     COMPLETED,
     DEGRADED,
@@ -112,6 +113,10 @@ def personal_figure(document: dict[str, Any], which: str = "all") -> tuple[float
     over the clients that had trained (None for runs written before it existed)."""
     if which == "sampled":
         return document.get("best_personal_accuracy_sampled"), False
+    if which != "all":  # a per-client figure: its best over the rounds
+        field = "personal_accuracy_" + which.replace("-", "_")
+        values = [round_figure(record, field) for record in document.get("rounds", [])]
+        return max((v for v in values if v is not None), default=None), False
     value = document.get("best_personal_accuracy")
     if value is not None or run_status(document) != DEGRADED:
         return value, False
@@ -187,12 +192,24 @@ class RunResult:
         that answered (``<metric>_answered``), if it has one."""
         points = []
         for record in self.document["rounds"]:
-            value = record.get(metric)
+            value = round_figure(record, metric)
             if value is None and answered:
                 value = record.get(f"{metric}_answered")
             if value is not None:
                 points.append((record["round"], value))
         return [p[0] for p in points], [p[1] for p in points]
+
+
+def round_figure(record: dict[str, Any], field: str) -> Any:
+    """A round's figure; a per-client figure that a record written before the field
+    existed does not state comes from its clients' accuracies, where every client
+    answered."""
+    if field in record or field not in CLIENT_FIGURES:
+        return record.get(field)
+    accuracies = record.get("client_accuracies")
+    if not accuracies or record.get("personal_accuracy") is None:
+        return None
+    return client_figures(accuracies.values())[field]
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from torch import nn
 
 from fedreg_app.core.config import ConfigError, RunConfig
 from fedreg_app.core.models import BASE, HEAD_G, SplitModel, group_of
+from fedreg_app.core.new_clients import held_out, held_out_count
 from fedreg_app.core.partition_map import PartitionMap
 from fedreg_app.core.protocol import (
     ARRAYS,
@@ -140,6 +141,8 @@ class PersonalizedStrategy(Strategy):
         self.release: Callable[[int, list[Update]], dict[str, np.ndarray]] | None = None
         #: Per group, the largest update-norm ratio among this round's accepted replies.
         self.norm_ratio_max: dict[str, float] = {}
+        #: New clients: partitions held out of training, evaluated apart (``held_out``).
+        self.held_out: frozenset[int] = frozenset()
         #: Partitions whose training reply was accepted in some round so far (checkpointed).
         self.trained_partitions: set[int] = set()
         #: The newest private-state version each partition said it holds (``state-round``
@@ -149,6 +152,12 @@ class PersonalizedStrategy(Strategy):
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
         """Settings this algorithm refuses, checked before any work (a ConfigError)."""
+        if config.new_client_fraction > 0 and not cls.has_global_model:
+            raise ConfigError(
+                f"new-client-fraction={config.new_client_fraction!r} is not allowed with "
+                f"algo={config.algo!r}, which has no global model to give a new client: "
+                "expected 0"
+            )
         if config.global_eval != "auto" and not cls.has_global_model:
             raise ConfigError(
                 f"global-eval={config.global_eval!r} is not allowed with "
@@ -190,6 +199,7 @@ class PersonalizedStrategy(Strategy):
         (it refreshes the map between rounds), the strategy reads it."""
         self.partitions = partitions
         self.sampler.set_population(partitions.num_partitions)
+        self.held_out = held_out(self.config, partitions.num_partitions)
 
     @property
     def num_partitions(self) -> int:
@@ -197,8 +207,13 @@ class PersonalizedStrategy(Strategy):
 
     def sample_partitions(self, server_round: int) -> list[int]:
         """Round ``server_round``'s clients: a seeded draw without replacement over the
-        partitions that have a node now (all of them unless devices dropped out)."""
-        return self.sampler.sample(self.partitions)
+        partitions that have a node now (all of them unless devices dropped out), the
+        held-out new clients excepted."""
+        return self.sampler.sample(self.partitions, self.held_out)
+
+    def training_partitions(self) -> list[int]:
+        """Every partition that trains and has a node now (a round that trains all)."""
+        return [p for p in self.partitions.available() if p not in self.held_out]
 
     def note_trained(self, partitions: Iterable[int]) -> None:
         """Partitions whose training reply was accepted this round: from now on they count
@@ -213,7 +228,8 @@ class PersonalizedStrategy(Strategy):
     def clients_per_round(cls, config: RunConfig, num_partitions: int) -> int:
         """How many clients an ordinary training round samples (min-train-replies must
         not exceed it)."""
-        return sample_size(num_partitions, config.fraction_train)
+        trained = num_partitions - held_out_count(config.new_client_fraction, num_partitions)
+        return sample_size(trained, config.fraction_train)
 
     # ------------------------------------------------------------- run end
     def finished(self, server_round: int) -> bool:
@@ -420,10 +436,12 @@ class PersonalizedStrategy(Strategy):
             (dict(msg.content[METRICS]) for msg in valid), key=lambda m: m[PARTITION_ID]
         )
         self.ledger.test_sizes.update((int(r[PARTITION_ID]), int(r[NUM_TEST])) for r in results)
+        on_clients = self.global_evaluation == "clients"
+        newcomers = [r for r in results if int(r[PARTITION_ID]) in self.held_out]
+        taking_part = [r for r in results if int(r[PARTITION_ID]) not in self.held_out]
+        summary = evaluation_summary(taking_part, self.trained_partitions, on_clients)
         return MetricRecord(
-            evaluation_summary(
-                results, self.trained_partitions, self.global_evaluation == "clients"
-            )
+            {**summary, **new_client_metrics(newcomers, on_clients), **cost_totals(results)}
         )
 
     @classmethod
@@ -440,7 +458,7 @@ class PersonalizedStrategy(Strategy):
         """The size of the union test set, once every partition's split size is known."""
         if len(self.ledger.test_sizes) < self.num_partitions:
             return None
-        return sum(self.ledger.test_sizes.values())
+        return sum(n for p, n in self.ledger.test_sizes.items() if p not in self.held_out)
 
     def summary(self) -> None:
         log(INFO, "\t├──> %s: %s", type(self).__name__, dict(self.group_weights))
@@ -463,7 +481,10 @@ def evaluation_summary(
     results: list[dict[str, float]], trained: set[int], global_on_clients: bool
 ) -> dict[str, Any]:
     """A round's evaluation: personal accuracy (all clients, and those that have
-    trained), the clients' seconds and, where they evaluated it, the global accuracy."""
+    trained), the clients' seconds and, where they evaluated it, the global accuracy.
+    Empty for no results (every client that answered was a new client)."""
+    if not results:
+        return {}
     summary = {
         **personal_metrics(results),
         **sampled_personal_metrics(results, trained),
@@ -473,6 +494,22 @@ def evaluation_summary(
         correct = sum(int(r[GLOBAL_CORRECT]) for r in results)
         summary["global-accuracy"] = correct / summary["num-test"]
     return summary
+
+
+def new_client_metrics(newcomers: list[dict[str, float]], global_on_clients: bool) -> dict:
+    """The held-out clients' figures, apart: personal (after their local round) and,
+    where the clients evaluate it, global; each correct over test samples."""
+    total = sum(int(r[NUM_TEST]) for r in newcomers)
+    if not newcomers or total < 1:
+        return {}
+    figures = {
+        "new-clients": len(newcomers),
+        "new-client-personal-accuracy": sum(int(r[PERSONAL_CORRECT]) for r in newcomers) / total,
+    }
+    if global_on_clients:
+        correct = sum(int(r[GLOBAL_CORRECT]) for r in newcomers)
+        figures["new-client-global-accuracy"] = correct / total
+    return figures
 
 
 def personal_metrics(results: list[dict[str, float]]) -> dict[str, float | list[float]]:

@@ -29,7 +29,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
-from fedreg_app.core.config import RunConfig
+from fedreg_app.core.config import ConfigError, RunConfig
 from fedreg_app.core.data import PartitionKey, TensorData, load_info, load_union_split
 from fedreg_app.core.models import BASE, HEAD_G, SplitModel, initial_model
 from fedreg_app.core.protocol import (
@@ -52,6 +52,16 @@ class CentralisedStrategy(PersonalizedStrategy):
     """Trains in ``aggregate_train``; the clients only evaluate."""
 
     group_weights: dict[str, str] = {}
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        """It trains on every client's train split: no client can be new to it."""
+        super().check_config(config)
+        if config.new_client_fraction > 0:
+            raise ConfigError(
+                f"new-client-fraction={config.new_client_fraction!r} is not allowed with "
+                "algo='centralised', which trains on every client's train split: expected 0"
+            )
 
     def __init__(self, config: RunConfig, facts: RunFacts | None = None) -> None:
         super().__init__(config, facts)

@@ -112,7 +112,7 @@ class FedBABUDeviationStrategy(FedBABUStrategy):
 
     def sample_partitions(self, server_round: int) -> list[int]:
         if self.finetuning(server_round):
-            return self.partitions.available()  # fine-tuning involves every client
+            return self.training_partitions()  # fine-tuning involves every client
         return super().sample_partitions(server_round)
 
     def aggregate_evaluate(self, server_round: int, replies) -> MetricRecord | None:

@@ -109,7 +109,7 @@ class DifferentialPrivacy:
             noise_std(config), config.dp_clip,
             noise_generator(config, "dp-noise", server_round),
         )  # fmt: skip
-        sampled_from = max(len(inner.partitions.available()), len(inner.last_sampled))
+        sampled_from = max(len(inner.training_partitions()), len(inner.last_sampled))
         self.releases.append((len(inner.last_sampled), sampled_from))
         return released
 

@@ -41,11 +41,13 @@ class ClientSampler:
             draw = rng(self.config.seed, "participation")
             self.participation = draw.dirichlet(np.full(num_partitions, gamma))
 
-    def sample(self, partitions: PartitionMap) -> list[int]:
-        available = partitions.available()
+    def sample(self, partitions: PartitionMap, held_out: frozenset[int] = frozenset()) -> list[int]:
+        """``fraction-train`` of the partitions that train (all but ``held_out``), drawn
+        among those that have a node now."""
+        available = [p for p in partitions.available() if p not in held_out]
         if not available:
             return []
-        wanted = sample_size(partitions.num_partitions, self.config.fraction_train)
+        wanted = sample_size(partitions.num_partitions - len(held_out), self.config.fraction_train)
         weights = None
         if self.participation is not None:
             weights = self.participation[available] + 1e-12  # every client keeps a chance

@@ -21,7 +21,7 @@ from tests.inprocess import results, run_server
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("algo", "fedfoo", "ditto, fedavg, fedavg2rep, fedbabu"),
+        ("algo", "fedfoo", "ditto, fedala, fedas, fedavg, fedavg-ft, fedavg2rep, fedbabu"),
         ("alpha", 0.0, "> 0"),
         ("alpha", -1.0, "> 0"),
         ("fraction-train", 0.0, "(0, 1]"),

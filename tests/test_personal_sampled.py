@@ -22,7 +22,7 @@ from fedreg_app.core.protocol import (
     PARTITION_ID,
     PERSONAL_CORRECT,
 )
-from fedreg_app.server_app import round_line, sampled_accuracy, trained_in
+from fedreg_app.round_report import round_line, sampled_accuracy, trained_in
 from fedreg_tools.report_tables import paper_table
 from fedreg_tools.reports import main
 from fedreg_tools.run_records import collect

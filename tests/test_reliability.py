@@ -1349,6 +1349,7 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
     figures made consistent, or its config) is neither published by `fedreg-report` nor
     taken as finished by the runner, not only refused on resume: a record beside a
     checkpoint must be the one it sealed."""
+    from fedreg_app.core.figures import summarised_figures
     from fedreg_tools.replay import read_recording
     from fedreg_tools.run_records import scan
 
@@ -1364,6 +1365,7 @@ def test_a_finished_record_edited_beside_its_checkpoint_is_not_published(
             document["rounds"][-1][key] = 0.95
         for key in ("best_global_accuracy", "best_personal_accuracy"):
             document[key] = 0.95
+        document.update(summarised_figures(document["rounds"]))
     elif edit == "config":
         document["config"]["local-epochs"] = 5
     else:  # a deployed run extended to 4 rounds, before its first new checkpoint: not edited

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fedreg_app.core.environment import describe_environment
+from fedreg_app.core.figures import summarised_figures
 from fedreg_app.core.metrics import BEST_OF
 from fedreg_tools import replay
 from fedreg_tools.experiments import main as run_experiment
@@ -62,6 +63,7 @@ def refigured(document: dict[str, Any]) -> dict[str, Any]:
     for best, field in BEST_OF.items():
         present = [r[field] for r in document["rounds"] if r.get(field) is not None]
         document[best] = max(present, default=None)
+    document.update(summarised_figures(document["rounds"]))
     return document
 
 

@@ -1246,14 +1246,19 @@ def test_a_run_folder_is_reported_on_its_own(tmp_path: Path, capsys) -> None:
     name = "20261203-210922_fedreg_fashion_mnist_a0.1_s0_run7"
     folder = run_folder(tmp_path, name, globals_=tuple(k / 100 for k in range(1, 13)),
                         personals=tuple((90 - k) / 100 for k in range(12)))  # fmt: skip
+    document = json.loads((folder / "results.json").read_text())
+    clients = {str(k): (k + 1) / 20 for k in range(20)}  # 5 %, 10 %, ... 100 %
+    document["rounds"][-1]["client_accuracies"] = clients
+    (folder / "results.json").write_text(json.dumps(document))
     assert main([str(folder)]) == 0
     out = folder / "report"
     table = (out / "table.md").read_text().splitlines()
     assert table[0] == ("| run | status | rounds | G best | G final | G last 10 | P best | "
-                        "P final | P last 10 |")  # fmt: skip
-    # G 1..12 %: the last 10 are 3..12; P 90..79 %: the last 10 are 88..79
+                        "P final | P last 10 | P per client | worst | bottom 10% |")  # fmt: skip
+    # G 1..12 %: the last 10 are 3..12; P 90..79 %: the last 10 are 88..79; the clients'
+    # unweighted mean 52.5 %, the lowest 5 %, the lowest two (a tenth of 20) 7.5 %
     assert table[2] == ("| fedreg seed0 | completed | 12/12 | 12.00 (r12) | 12.00 (r12) | 7.50 "
-                        "| 90.00 (r1) | 79.00 (r12) | 83.50 |")  # fmt: skip
+                        "| 90.00 (r1) | 79.00 (r12) | 83.50 | 52.50 | 5.00 | 7.50 |")  # fmt: skip
     assert f"- fedreg seed0: {folder / 'results.json'}; completed" in table
     costs = (out / "costs.md").read_text().splitlines()
     assert costs[0].startswith("| run folder | run | MB to clients |")

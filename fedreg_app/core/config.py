@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from fedreg_app.core import robustness
+from fedreg_app.core import new_clients, robustness
 from fedreg_app.core.keys import ConfigError, core_key
 from fedreg_app.core.keys import fail as _fail
 from fedreg_app.core.keys import one_of as _one_of
@@ -440,6 +440,8 @@ class RunConfig:
     attack: str = robustness.ATTACK
     attack_fraction: float = robustness.ATTACK_FRACTION
     attack_scale: float = robustness.ATTACK_SCALE
+    new_client_fraction: float = new_clients.NEW_CLIENT_FRACTION
+    new_client_epochs: int = new_clients.NEW_CLIENT_EPOCHS
     #: The chosen algorithm's own keys (``prox-mu``, ``fedreg-head-weight``, ...).
     options: AlgorithmOptions = dataclasses.field(default_factory=AlgorithmOptions)
     #: Every key as given (other algorithms' keys too), for ``results.json``.
@@ -556,6 +558,7 @@ class RunConfig:
             _fail("optimizer-state", self.optimizer_state, f"one of {', '.join(OPTIMIZER_STATES)}")
         self.validate_privacy()
         robustness.check_robustness(self)
+        new_clients.check_new_clients(self)
         if not self.dataset and not self.dataset_path:
             _fail("dataset", self.dataset, "a Hugging Face hub id, or set dataset-path")
         if self.dataset_path:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.core.config import is_count, is_whole
+from fedreg_app.core.figures import CLIENT_FIGURES, NEW_CLIENT_FIGURES, summarised_figures
 from fedreg_app.core.persist import json_text, write_text_atomic
 from fedreg_app.core.tensorboard_log import TensorBoardLog
 
@@ -59,6 +60,9 @@ CSV_COLUMNS = (
     "personal_accuracy_sampled",
     "clients_trained",
     "dp_epsilon",
+    "personal_accuracy_client_mean",
+    "personal_accuracy_worst",
+    "personal_accuracy_bottom_decile",
 )
 COMPLETED, DEGRADED, FAILED, RUNNING = "completed", "degraded", "failed", "running"
 #: A run the experiment runner stopped itself (Ctrl-C, SIGTERM, ``--max-minutes``) once its
@@ -102,6 +106,19 @@ class RoundRecord:
     server_eval_seconds: float = 0.0
     sampled_clients: list[int] = field(default_factory=list)
     client_accuracies: dict[str, float] | None = None
+    #: Per-client figures of the same round (all clients, like ``personal_accuracy``): the
+    #: unweighted mean of the clients' accuracies (``personal_accuracy`` weights each by
+    #: its test samples), the lowest client's, and the mean of the lowest tenth
+    #: (:func:`client_figures`). None where the round has no all-client figure.
+    personal_accuracy_client_mean: float | None = None
+    personal_accuracy_worst: float | None = None
+    personal_accuracy_bottom_decile: float | None = None
+    #: New clients (``new-client-fraction``), apart from the figures above: how many
+    #: answered, their personal accuracy after their local round, and the global model's
+    #: on their test splits (where the clients evaluate it); correct over test samples.
+    new_clients: int = 0
+    new_client_personal_accuracy: float | None = None
+    new_client_global_accuracy: float | None = None
     #: Replies accepted and failed (raised, timed out or rejected by the server's checks).
     train_replies: int = 0
     train_failures: int = 0
@@ -168,6 +185,8 @@ ACCURACY_FIELDS = (
     "personal_accuracy_answered",
     "personal_accuracy_sampled",
     "global_accuracy_answered",
+    *CLIENT_FIGURES,
+    *NEW_CLIENT_FIGURES,
 )
 #: Per-round costs: each a finite number >= 0.
 COST_FIELDS = ("train_seconds", "eval_seconds")
@@ -182,7 +201,7 @@ def is_real(value: Any) -> bool:
 COUNT_FIELDS = (
     "num_train_examples", "trained_parameters", "bytes_to_clients", "bytes_from_clients",
     "train_bytes_to_clients", "train_bytes_from_clients", "train_replies", "train_failures",
-    "eval_replies", "eval_failures", "state_resets", "clients_trained",
+    "eval_replies", "eval_failures", "state_resets", "clients_trained", "new_clients",
 )  # fmt: skip
 #: Per-round seconds and spreads, where a record has them: each a finite number >= 0
 #: (those that may be null when nothing was measured: ``NULLABLE_FIELDS``).
@@ -304,7 +323,7 @@ def coverage_problem(record: dict[str, Any], run: dict[str, Any]) -> str | None:
         return None  # a record from before coverage was written: nothing to hold it to
     coverage, number = record["personal_coverage"], record["round"]
     complete = coverage is not None and coverage["clients"] == coverage["of_clients"]
-    whole = ["personal_accuracy", "personal_accuracy_std"]
+    whole = ["personal_accuracy", "personal_accuracy_std", *CLIENT_FIGURES]
     if run.get("global_evaluation") == "clients":
         whole.append("global_accuracy")
     for key in whole:
@@ -350,6 +369,9 @@ def figures_problem(document: dict[str, Any], rounds: list[dict[str, Any]]) -> s
         ):
             return (f"{best} is {document.get(best, 'missing')!r} but the rounds' best "
                     f"{field_name} is {expected!r}")  # fmt: skip
+    for key, expected in summarised_figures(rounds).items():
+        if key in document and not _close(document[key], expected):  # older files lack them
+            return f"{key} is {document[key]!r} but the rounds give {expected!r}"
     for total, field_name in TOTAL_OF.items():
         expected = sum(r.get(field_name, 0) for r in rounds)
         if document.get(total, expected) != expected or (total not in document and expected):
@@ -392,6 +414,13 @@ def round_degraded(record: dict[str, Any], rule: int = STATUS_RULE) -> bool:
     resets = rule >= 2 and bool(record.get("state_resets"))
     return bool(record.get("train_failures") or record.get("eval_failures") or incomplete
                 or resets)  # fmt: skip
+
+
+def _close(stated: Any, expected: float | None) -> bool:
+    """A stated mean against the one the rounds give (equal up to summation order)."""
+    if stated is None or expected is None:
+        return stated is expected
+    return is_real(stated) and math.isclose(stated, expected, rel_tol=1e-12, abs_tol=1e-15)
 
 
 def _best(values: list[float | None]) -> float | None:
@@ -510,6 +539,7 @@ class ResultsWriter:
             "total_train_bytes_from_clients": sum(r.train_bytes_from_clients for r in self.rounds),
             "total_trained_parameters": sum(r.trained_parameters for r in self.rounds),
             **best,
+            **summarised_figures([asdict(r) for r in self.rounds]),
             # FedReG paper, Figure 7: log10(g / p) of the best global and best personal
             # accuracy; 0 means the global model is as good as the personal ones.
             "log10_global_over_personal": score,

@@ -19,6 +19,10 @@ are fixed constants (they keep the numbers of earlier versions of this project).
 | ``dp-local-noise``| 0xD10 | partition, round            | local DP's noise on a client's update  |
 | ``attackers``   | 0xA77   | number of partitions        | the partitions an attack makes lie     |
 | ``attack-noise``| 0xA70   | partition, round            | the ``noise`` attack's update          |
+| ``ala-sample``  | 0xA1A   | partition, round of global  | FedALA's sample to learn its weights   |
+| ``new-clients`` | 0x9E3   | number of partitions        | the partitions held out of training    |
+| ``fedcp-init``  | 0xFC1   | -                           | FedCP's policy network init            |
+| ``fedcp-gumbel``| 0xFC6   | partition, round            | FedCP's Gumbel noise on the policies   |
 
 Outside this table, by design: the model's initialisation (``torch.manual_seed(seed)``,
 identical on every client and the server) and flwr-datasets' partitioners and
@@ -44,6 +48,10 @@ STREAMS: dict[str, tuple[int, ...]] = {
     "dp-local-noise": (0xD10,),
     "attackers": (0xA77,),
     "attack-noise": (0xA70,),
+    "ala-sample": (0xA1A,),
+    "new-clients": (0x9E3,),
+    "fedcp-init": (0xFC1,),
+    "fedcp-gumbel": (0xFC6,),
 }
 
 

@@ -1,0 +1,188 @@
+"""What the benchmarks that run PFLlib beside this project share.
+
+This project's partition written in PFLlib's layout, our initial weights carried into
+PFLlib's model, the run's seeded client draw, the arguments PFLlib's ``main.py`` would
+build, and a worker process in PFLlib's own interpreter. The peer gets its data in a
+temporary folder: nothing is installed and nothing in the PFLlib clone is changed.
+
+The worker side (:func:`load_weights`, :func:`pfllib_namespace`, :func:`use_pfllib`)
+needs only numpy and torch: a worker runs in PFLlib's environment, which may lack this
+project's packages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+#: Seconds a worker (one framework's whole run) may take.
+WORKER_TIMEOUT = 3600
+
+
+# ------------------------------------------------------------------ figures
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def steady(values: list[float]) -> list[float]:
+    """Rounds 2..N (the first starts things up)."""
+    return values[1:] or values
+
+
+# ------------------------------------------------------------------ this project's side
+def shared_config(
+    args: argparse.Namespace, algo: str, seed: int, results_dir: Path
+) -> dict[str, Any]:
+    """Our run config for the work both frameworks do: PFLlib's FedAvgCNN, the head at its
+    ``model.fc`` (one Linear layer), plain SGD, one local epoch, every round evaluated on
+    every client."""
+    return {
+        "algo": algo,
+        "model": "fedavgcnn",
+        "head-depth": 1,
+        "dataset-path": str(Path(args.dataset_path).resolve()),
+        "data-fraction": args.data_fraction,
+        "alpha": args.alpha,
+        "seed": seed,
+        "num-server-rounds": args.rounds,
+        "local-epochs": 1,
+        "batch-size": args.batch_size,
+        "lr": args.lr,
+        "momentum": 0.0,
+        "fraction-train": args.fraction,
+        "eval-every": 1,
+        "global-eval": "clients",
+        "results-dir": str(results_dir),
+    }
+
+
+def write_pfllib_dataset(clients: Iterable[Any], root: Path, name: str) -> None:
+    """PFLlib's layout under ``root``: ``dataset/<name>/{train,test}/<i>.npz`` holding
+    ``data={'x': float32, 'y': int64}``, and an empty ``system/`` beside it (PFLlib reads
+    ``../dataset`` from its working directory). Its own generators store the images
+    normalised by (x - 0.5) / 0.5, as ours are."""
+    import numpy as np
+
+    from fedreg_app.core.data import normalise
+
+    for split in ("train", "test"):
+        (root / "dataset" / name / split).mkdir(parents=True)
+    (root / "system").mkdir()
+    for client in clients:
+        for split in ("train", "test"):
+            part = getattr(client, split)
+            x, y = normalise(part.x).numpy(), part.y.numpy()
+            path = root / "dataset" / name / split / f"{client.partition_id}.npz"
+            with path.open("wb") as handle:  # PFLlib's format is a pickled dict
+                np.savez_compressed(handle, data={"x": x, "y": y})
+
+
+def save_weights(path: Path, parameters: Iterable[Any]) -> None:
+    """Parameters in order as ``p0, p1, ...``: PFLlib's models take them in the same order."""
+    import numpy as np
+
+    arrays = [p.detach().cpu().numpy().copy() for p in parameters]
+    np.savez(path, **{f"p{i}": a for i, a in enumerate(arrays)})
+
+
+def client_schedule(seed: int, clients: int, fraction: float, draws: int) -> list[list[int]]:
+    """The clients our strategy samples in each of ``draws`` rounds
+    (``strategies.base.sample_partitions`` with every node connected)."""
+    from fedreg_app.core.seeds import rng
+    from strategies.base import sample_size
+
+    draw = rng(seed, "sampling")
+    k = sample_size(clients, fraction)
+    return [
+        sorted(int(p) for p in draw.choice(list(range(clients)), size=k, replace=False))
+        for _ in range(draws)
+    ]
+
+
+def git_commit(path: str) -> str:
+    """The short commit of a clone, for the record of what ran."""
+    if not path:
+        return "none"
+    found = subprocess.run(
+        ["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return found.stdout.strip() or "unknown (not a git clone)"
+
+
+def run_worker(
+    script: Path, name: str, python: str, spec_path: Path, cwd: Path, extra: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Run ``script --worker name`` in the peer's interpreter; its JSON result, or
+    ``{"error": <the last lines of its output>}``."""
+    out = spec_path.parent / f"{name}-result.json"
+    out.unlink(missing_ok=True)
+    command = [python, str(script.resolve()), "--worker", name,
+               "--spec", str(spec_path), "--out", str(out), *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    try:
+        result = subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=WORKER_TIMEOUT
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {WORKER_TIMEOUT} s"}
+    if result.returncode != 0 or not out.exists():
+        tail = (result.stdout + result.stderr).strip().splitlines()[-15:]
+        return {"error": "\n".join(tail) or f"exit {result.returncode}"}
+    return json.loads(out.read_text())
+
+
+# ------------------------------------------------------------------ PFLlib's side (worker)
+def load_weights(model: Any, path: Path) -> None:
+    """Copy saved parameters in, one by one (same order and shapes)."""
+    import numpy as np
+    import torch
+
+    saved = np.load(path)
+    parameters = list(model.parameters())
+    assert len(parameters) == len(saved.files), (len(parameters), saved.files)
+    with torch.no_grad():
+        for i, parameter in enumerate(parameters):
+            parameter.copy_(torch.from_numpy(saved[f"p{i}"]))
+
+
+def use_pfllib(spec: dict[str, Any]) -> None:
+    """Make PFLlib's ``system/`` importable and fix this process's threads."""
+    import torch
+
+    sys.path.insert(0, str(Path(spec["pfllib"]) / "system"))
+    torch.set_num_threads(spec["threads"])
+
+
+def fedavgcnn(spec: dict[str, Any]) -> Any:
+    """PFLlib's FedAvgCNN for the dataset's shape (its ``main.py``: ``dim`` from the
+    input side)."""
+    from flcore.trainmodel.models import FedAvgCNN
+
+    side = ((spec["height"] - 4) // 2 - 4) // 2
+    return FedAvgCNN(spec["channels"], spec["num_classes"], dim=64 * side * side)
+
+
+def pfllib_namespace(
+    spec: dict[str, Any], algorithm: str, model: Any, goal: str, **extra: Any
+) -> argparse.Namespace:
+    """PFLlib's ``main.py`` defaults with the shared settings, plus ``extra`` (the
+    algorithm's own arguments)."""
+    return argparse.Namespace(
+        device="cpu", dataset=spec["dataset"], num_classes=spec["num_classes"], model=model,
+        batch_size=spec["batch_size"], local_learning_rate=spec["lr"],
+        learning_rate_decay=False, learning_rate_decay_gamma=0.99,
+        global_rounds=spec["rounds"], local_epochs=1, algorithm=algorithm,
+        join_ratio=spec["per_round"] / spec["clients"], random_join_ratio=False,
+        num_clients=spec["clients"], few_shot=0, time_select=False, goal=goal,
+        time_threthold=10000, save_folder_name="items", top_cnt=100, auto_break=False,
+        eval_gap=1, client_drop_rate=0.0, train_slow_rate=0.0, send_slow_rate=0.0,
+        dlg_eval=False, dlg_gap=100, batch_num_per_client=2, num_new_clients=0,
+        fine_tuning_epoch_new=0, prev=0, times=1, **extra,
+    )  # fmt: skip
