@@ -166,21 +166,37 @@ def group_norms(replies: Sequence[Arrays], current: Arrays, group: str) -> list[
     return [float(np.linalg.norm(row)) for row in flat_updates(replies, current, keys)]
 
 
+#: The least reference of the bound, as a share of the group's own weights' norm: where
+#: the round's other replies barely moved a group (a module whose gradient is still near
+#: zero, as FedCP's policy network in a client's first steps), an honest change of a
+#: thousandth of the weights is not judged against their near-zero median. Our choice.
+REFERENCE_FLOOR = 1e-3
+
+
+def weights_norm(replies: Sequence[Arrays], current: Arrays, group: str) -> float:
+    """The L2 norm of the global model's entries of ``group`` that the replies carry."""
+    keys = [k for k in group_keys(replies[0], group) if k in current] if replies else []
+    return float(np.sqrt(sum(float(np.square(current[k], dtype=np.float64).sum()) for k in keys)))
+
+
 def norm_ratios(
-    norms: Sequence[float], weights: Sequence[float], fallback: float | None = None
+    norms: Sequence[float],
+    weights: Sequence[float],
+    fallback: float | None = None,
+    floor: float = 0.0,
 ) -> dict[int, tuple[float, float]]:
     """Each reply's (norm, reference): the reference is the median of the round's other
-    replies' norms. Only replies with a positive weight for the group are compared or used
-    as reference; a reply with no such other is compared with ``fallback`` (an earlier
-    round's median) when there is one. A reference of 0 (nobody else moved the group)
-    judges nothing: such replies are left out."""
+    replies' norms, at least ``floor``. Only replies with a positive weight for the group
+    are compared or used as reference; a reply with no such other is compared with
+    ``fallback`` (an earlier round's median) when there is one. A reference of 0 (nobody
+    else moved the group, and no floor) judges nothing: such replies are left out."""
     voters = [i for i, w in enumerate(weights) if w > 0]
     found: dict[int, tuple[float, float]] = {}
     for i in voters:
         others = [norms[j] for j in voters if j != i]
         reference = float(np.median(others)) if others else fallback
-        if reference is not None and reference > 0:
-            found[i] = (norms[i], reference)
+        if reference is not None and max(reference, floor) > 0:
+            found[i] = (norms[i], max(reference, floor))
     return found
 
 
@@ -224,7 +240,8 @@ def bound(
     for group, key in group_weights.items():
         weights = [float(m[key]) for m in metrics]
         norms = group_norms(replies, current, group)
-        ratios = norm_ratios(norms, weights, medians.get(group))
+        floor = REFERENCE_FLOOR * weights_norm(replies, current, group)
+        ratios = norm_ratios(norms, weights, medians.get(group), floor)
         out = {i for i, (norm, reference) in ratios.items() if not norm <= factor * reference}
         alone = len(ratios) == 1
         of = "the last round's median" if alone else "the median of the round's other replies"

@@ -256,3 +256,16 @@ def test_a_label_flipping_liar_is_still_the_client_its_data_says(
     run_server({**federation, "attack": "label-flip", "attack-fraction": 0.25})
     for record in results(tmp_path / "results")["rounds"]:
         assert (record["train_replies"], record["train_failures"]) == (4, 0)
+
+
+def test_the_bound_judges_no_honest_change_against_a_near_zero_median() -> None:
+    """Others barely moved a group: a change of 3 % of its weights is not refused (the
+    reference is at least a thousandth of the weights' norm), a 1e30 change still is."""
+    current = {"extra.cpn.weight": np.full((10, 10), 1.0, dtype=np.float32)}  # norm 10
+    still = [{"extra.cpn.weight": current["extra.cpn.weight"] + 1e-6} for _ in range(4)]
+    moved = {"extra.cpn.weight": current["extra.cpn.weight"] + 0.03}  # norm of change 0.3
+    huge = {"extra.cpn.weight": current["extra.cpn.weight"] * 1e30}
+    weights = [{NUM_EXAMPLES: 10}] * 6
+    checked = bound([*still, moved, huge], weights, current, {"extra": NUM_EXAMPLES}, 100, {})
+    assert list(checked.refused) == [5]
+    assert checked.ratio_max["extra"] == pytest.approx(0.3 / 0.01, rel=1e-3)
