@@ -18,7 +18,8 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +187,29 @@ def pfllib_namespace(
         dlg_eval=False, dlg_gap=100, batch_num_per_client=2, num_new_clients=0,
         fine_tuning_epoch_new=0, prev=0, times=1, **extra,
     )  # fmt: skip
+
+
+def time_evaluation(server_class: type, timings: dict[str, list[float]]) -> None:
+    """Record the seconds of each call of the server's two evaluation passes (test
+    accuracy; training loss, which FedCP's ``evaluate`` skips)."""
+
+    def timed(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(self, *a, **kw)
+            finally:
+                timings[name].append(time.perf_counter() - start)
+
+        return wrapper
+
+    for name in timings:
+        setattr(server_class, name, timed(name, getattr(server_class, name)))
+
+
+def use_our_draw(server: Any, spec: dict[str, Any]) -> None:
+    """Our seeded client draw in place of ``np.random.choice``."""
+    schedule = iter(spec["schedule"])
+    server.select_clients = lambda: [server.clients[i] for i in next(schedule)]
+    if [c.train_samples for c in server.clients] != spec["train_samples"]:
+        raise RuntimeError("PFLlib read other training sets than we wrote")

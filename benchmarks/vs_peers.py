@@ -51,6 +51,8 @@ from pfllib_bridge import (
     save_weights,
     shared_config,
     steady,
+    time_evaluation,
+    use_our_draw,
     use_pfllib,
     write_pfllib_dataset,
 )
@@ -163,28 +165,9 @@ def pfllib_worker(spec: dict[str, Any]) -> dict[str, Any]:
     load_initial(model, Path(spec["folder"]))
     args = pfllib_namespace(spec, "FedAvg", model, goal="vs_peers")
     timings: dict[str, list[float]] = {"test_metrics": [], "train_metrics": []}
-
-    def timed(name: str, method: Any) -> Any:
-        def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return method(self, *a, **kw)
-            finally:
-                timings[name].append(time.perf_counter() - start)
-
-        return wrapper
-
-    for name in timings:
-        setattr(serverbase.Server, name, timed(name, getattr(serverbase.Server, name)))
+    time_evaluation(serverbase.Server, timings)
     server = FedAvg(args, 0)
-    schedule = iter(spec["schedule"])
-
-    def select_clients() -> list[Any]:  # our seeded draw instead of np.random.choice
-        return [server.clients[i] for i in next(schedule)]
-
-    server.select_clients = select_clients
-    if [c.train_samples for c in server.clients] != spec["train_samples"]:
-        raise RuntimeError("PFLlib read other training sets than we wrote")
+    use_our_draw(server, spec)
     server.train()
     # Iteration i evaluates the model after i rounds, then trains round i + 1.
     return {

@@ -50,7 +50,6 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +66,8 @@ from pfllib_bridge import (
     save_weights,
     shared_config,
     steady,
+    time_evaluation,
+    use_our_draw,
     use_pfllib,
     write_pfllib_dataset,
 )
@@ -229,32 +230,6 @@ def reference_model(spec: dict[str, Any], algorithm: str) -> Any:
     head = copy.deepcopy(model.fc)
     model.fc = nn.Identity()
     return BaseHeadSplit(model, head)
-
-
-def time_evaluation(server_class: type, timings: dict[str, list[float]]) -> None:
-    """Record the seconds of each call of the server's two evaluation passes (test
-    accuracy; training loss, which FedCP's ``evaluate`` skips)."""
-
-    def timed(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(self: Any, *a: Any, **kw: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return method(self, *a, **kw)
-            finally:
-                timings[name].append(time.perf_counter() - start)
-
-        return wrapper
-
-    for name in timings:
-        setattr(server_class, name, timed(name, getattr(server_class, name)))
-
-
-def use_our_draw(server: Any, spec: dict[str, Any]) -> None:
-    """Our seeded client draw in place of ``np.random.choice``."""
-    schedule = iter(spec["schedule"])
-    server.select_clients = lambda: [server.clients[i] for i in next(schedule)]
-    if [c.train_samples for c in server.clients] != spec["train_samples"]:
-        raise RuntimeError("PFLlib read other training sets than we wrote")
 
 
 def load_policy_network(server: Any, spec: dict[str, Any]) -> None:

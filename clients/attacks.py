@@ -21,7 +21,7 @@ from clients.base import ClientProcedure
 from fedreg_app.core.config import RunConfig
 from fedreg_app.core.data import TensorData
 from fedreg_app.core.records import from_record, to_record
-from fedreg_app.core.seeds import rng
+from fedreg_app.core.seeds import drawn_partitions, rng
 
 #: The replay attacker's first update, kept in its private state.
 REPLAYED_UPDATE = "attack-replayed-update"
@@ -35,8 +35,7 @@ def attackers(config: RunConfig, num_partitions: int) -> frozenset[int]:
     if config.attack == "none" or num_partitions < 1:
         return frozenset()
     count = min(num_partitions, int(np.ceil(config.attack_fraction * num_partitions - 1e-9)))
-    order = rng(config.seed, "attackers", num_partitions).permutation(num_partitions)
-    return frozenset(int(p) for p in order[:count])
+    return drawn_partitions(config.seed, "attackers", num_partitions, count)
 
 
 def flipped(train: TensorData, num_classes: int) -> TensorData:

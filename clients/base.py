@@ -343,6 +343,22 @@ class ClientProcedure:
             model=head,
         )
 
+    def fine_tune(self, epochs: int, server_round: int, whole_model: bool) -> int:
+        """Train this evaluation's copy on the train split before its personal figure:
+        the whole model, or the head on the frozen base's features (``fit_head``);
+        FedBABU's and FedAvg-FT's fine-tuning. Its own optimizer stream, with fresh
+        momentum (an evaluation keeps no optimizer)."""
+        if not whole_model:
+            return self.fit_head(epochs, server_round, stream=FINE_TUNE_STREAM)
+        return self.fit(
+            list(self.model.parameters()),
+            self.cross_entropy(self.model),
+            self.data.train,
+            epochs,
+            server_round,
+            stream=FINE_TUNE_STREAM,
+        )
+
     @torch.no_grad()
     def base_features(self, data: TensorData) -> TensorData:
         self.model.eval()
@@ -364,6 +380,11 @@ class ClientProcedure:
             NUM_TRAINED_PARAMS: sum(self.trained_numel.values()),
             **extra,
         }
+
+
+#: The optimizer stream of fine-tuning before a personal evaluation (training steps use
+#: streams 0-2).
+FINE_TUNE_STREAM = 3
 
 
 def optimizer_record(stream: int) -> str:

@@ -44,7 +44,7 @@ from clients.base import TrainResult
 from clients.fedavg import FedAvgClient
 from fedreg_app.core.config import AlgorithmOptions, at_least, option
 from fedreg_app.core.data import TensorData
-from fedreg_app.core.models import BASE, HEAD_G, SplitModel
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, checked_value
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.seeds import torch_generator
 from fedreg_app.core.training import batches
@@ -121,7 +121,6 @@ class Adaptation:
     """The outcome of one merge: its weights by parameter name, and the work it took."""
 
     weights: dict[str, torch.Tensor]
-    passes: int
     processed: int
 
 
@@ -162,14 +161,12 @@ class FedALAClient(FedAvgClient):
         names = merge_layers(self.model, self.options.layers)
         params = dict(self.model.named_parameters())
         global_values = {n: params[n].detach().clone() for n in names}
-        local_values = {
-            n: torch.as_tensor(local[n]).to(self.device, params[n].dtype) for n in names
-        }
+        local_values = self.stored(LOCAL_MODEL, local, global_values)
         if all(torch.equal(global_values[n], local_values[n]) for n in names):
             return None
         kept = self.setup.state.get(ALA_WEIGHTS)
         weights = (
-            {n: torch.as_tensor(v).to(self.device).clone() for n, v in from_record(kept).items()}
+            self.stored(ALA_WEIGHTS, from_record(kept), global_values)
             if kept is not None
             else {n: torch.ones_like(global_values[n]) for n in names}
         )
@@ -181,6 +178,16 @@ class FedALAClient(FedAvgClient):
             for n in names:
                 params[n].copy_(merged(local_values[n], global_values[n], adaptation.weights[n]))
         return adaptation
+
+    def stored(
+        self, record: str, arrays: dict[str, np.ndarray], like: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """The merged layers' entries of a client-state record, each checked against the
+        model's (shape, dtype, finite: the file is the node's), on the model's device."""
+        return {
+            n: checked_value(f"client state {record!r}: {n}", arrays.get(n), into).to(self.device)
+            for n, into in like.items()
+        }
 
     def ala_sample(self, global_round: int) -> TensorData:
         """The seeded ``ala-sample-percent`` share of the train split W is learned on;
@@ -244,4 +251,4 @@ class FedALAClient(FedAvgClient):
         finally:
             for p in frozen:
                 p.requires_grad_(True)
-        return Adaptation(weights, passes, processed)
+        return Adaptation(weights, processed)

@@ -24,8 +24,6 @@ from fedreg_app.core.config import AlgorithmOptions, at_least, option
 FT_WHEN = ("every-eval", "final")
 #: ``ft-scope``: what the fine-tuning trains.
 FT_SCOPES = ("model", "head")
-#: The optimizer stream of the fine-tuning (training uses stream 0).
-FT_STREAM = 3
 
 
 @dataclass(frozen=True)
@@ -66,20 +64,7 @@ class FedAvgFTClient(FedAvgClient):
         return self.options.ft_when == "every-eval" or server_round == self.config.num_server_rounds
 
     def prepare_personal_model(self, server_round: int) -> None:
-        if self.fine_tunes_at(server_round) and self.options.ft_epochs > 0:
-            self.fine_tune(server_round)
-
-    def fine_tune(self, server_round: int) -> None:
         """Train this evaluation's copy of the global model on the client's train split."""
-        epochs = self.options.ft_epochs
-        if self.options.ft_scope == "head":
-            self.fit_head(epochs, server_round, stream=FT_STREAM)
-            return
-        self.fit(
-            list(self.model.parameters()),
-            self.cross_entropy(self.model),
-            self.data.train,
-            epochs,
-            server_round,
-            stream=FT_STREAM,
-        )
+        options = self.options
+        if self.fine_tunes_at(server_round) and options.ft_epochs > 0:
+            self.fine_tune(options.ft_epochs, server_round, options.ft_scope == "model")

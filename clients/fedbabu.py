@@ -93,22 +93,8 @@ class FedBABUClient(ClientProcedure):
         )
 
     def prepare_personal_model(self, server_round: int) -> None:
-        if self.fine_tunes_at(server_round):
-            self.fine_tune(server_round)
-
-    def fine_tune(self, server_round: int) -> None:
         """Fine-tune this evaluation's copy: the head (or, with ``finetune-base``, the
         whole model) for ``finetune-epochs`` epochs on the train split."""
-        options = self.config.options_as(FedBABUOptions)
-        epochs = options.finetune_epochs
-        if options.finetune_base:
-            self.fit(
-                list(self.model.parameters()),
-                self.cross_entropy(self.model),
-                self.data.train,
-                epochs,
-                server_round,
-                stream=3,
-            )
-            return
-        self.fit_head(epochs, server_round, stream=3)
+        if self.fine_tunes_at(server_round):
+            options = self.config.options_as(FedBABUOptions)
+            self.fine_tune(options.finetune_epochs, server_round, options.finetune_base)

@@ -102,11 +102,6 @@ class ConditionalPolicyNetwork(nn.Module):
         return policy[:, 0], policy[:, 1]
 
 
-def feature_dim(head: nn.Module) -> int:
-    """The dimension of the base's feature: the head's first Linear layer's input."""
-    return next(m for m in head.modules() if isinstance(m, nn.Linear)).in_features
-
-
 def attach_fedcp_modules(model: SplitModel, seed: int) -> None:
     """Add the CPN under ``model.extra`` unless already there. Seeded, so that every
     process (clients and server) builds the same initial CPN."""
@@ -114,7 +109,7 @@ def attach_fedcp_modules(model: SplitModel, seed: int) -> None:
         return
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_int(seed, "fedcp-init"))
-        model.extra[CPN] = ConditionalPolicyNetwork(feature_dim(model.head_g))
+        model.extra[CPN] = ConditionalPolicyNetwork(model.feature_dim)
     model.extra.to(next(model.base.parameters()).device)
 
 

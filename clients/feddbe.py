@@ -89,16 +89,11 @@ class RepresentationBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
 
 
-def feature_dim(model: SplitModel) -> int:
-    """The base's output size: the in-features of the head's first Linear layer."""
-    return next(m for m in model.head_g.modules() if isinstance(m, nn.Linear)).in_features
-
-
 def attach_mean(model: SplitModel) -> None:
     """Add ``extra.mr`` (zeros) unless already there: the server's and the clients'
     models carry the same entry, so a reply's running mean is checked like any array."""
     if MR not in model.extra:
-        model.extra[MR] = FeatureMean(feature_dim(model)).to(next(model.base.parameters()).device)
+        model.extra[MR] = FeatureMean(model.feature_dim).to(next(model.base.parameters()).device)
 
 
 def mean_regulariser(running: torch.Tensor, global_mean: torch.Tensor) -> torch.Tensor:
@@ -117,7 +112,7 @@ class FedDBEClient(ClientProcedure):
     def __init__(self, setup: ClientSetup) -> None:
         super().__init__(setup)
         attach_mean(self.model)
-        dim = feature_dim(self.model)
+        dim = self.model.feature_dim
         self.model.extra[PRBM] = RepresentationBias(dim).to(self.device)
         options = self.config.options_as(FedDBEOptions)
         self.kappa, self.momentum = options.kappa, options.momentum

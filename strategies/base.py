@@ -436,12 +436,13 @@ class PersonalizedStrategy(Strategy):
             (dict(msg.content[METRICS]) for msg in valid), key=lambda m: m[PARTITION_ID]
         )
         self.ledger.test_sizes.update((int(r[PARTITION_ID]), int(r[NUM_TEST])) for r in results)
-        on_clients = self.global_evaluation == "clients"
-        newcomers = [r for r in results if int(r[PARTITION_ID]) in self.held_out]
-        taking_part = [r for r in results if int(r[PARTITION_ID]) not in self.held_out]
-        summary = evaluation_summary(taking_part, self.trained_partitions, on_clients)
         return MetricRecord(
-            {**summary, **new_client_metrics(newcomers, on_clients), **cost_totals(results)}
+            evaluation_summary(
+                results,
+                self.trained_partitions,
+                self.global_evaluation == "clients",
+                self.held_out,
+            )  # fmt: skip
         )
 
     @classmethod
@@ -478,38 +479,34 @@ def training_summary(replies: list[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def evaluation_summary(
-    results: list[dict[str, float]], trained: set[int], global_on_clients: bool
+    results: list[dict[str, float]],
+    trained: set[int],
+    global_on_clients: bool,
+    held_out: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
     """A round's evaluation: personal accuracy (all clients, and those that have
-    trained), the clients' seconds and, where they evaluated it, the global accuracy.
-    Empty for no results (every client that answered was a new client)."""
-    if not results:
-        return {}
-    summary = {
-        **personal_metrics(results),
-        **sampled_personal_metrics(results, trained),
-        **cost_totals(results),
-    }
-    if global_on_clients:
-        correct = sum(int(r[GLOBAL_CORRECT]) for r in results)
-        summary["global-accuracy"] = correct / summary["num-test"]
+    trained), the clients' seconds and, where they evaluated it, the global accuracy;
+    the ``held_out`` new clients' figures apart, outside the others."""
+    taking_part = [r for r in results if int(r[PARTITION_ID]) not in held_out]
+    newcomers = [r for r in results if int(r[PARTITION_ID]) in held_out]
+    summary: dict[str, Any] = cost_totals(results)
+    if taking_part:  # none where every client that answered was a new client
+        summary.update(personal_metrics(taking_part))
+        summary.update(sampled_personal_metrics(taking_part, trained))
+        if global_on_clients:
+            summary["global-accuracy"] = correct_share(taking_part, GLOBAL_CORRECT)
+    if newcomers:
+        summary["new-clients"] = len(newcomers)
+        summary["new-client-personal-accuracy"] = correct_share(newcomers, PERSONAL_CORRECT)
+        if global_on_clients:
+            summary["new-client-global-accuracy"] = correct_share(newcomers, GLOBAL_CORRECT)
     return summary
 
 
-def new_client_metrics(newcomers: list[dict[str, float]], global_on_clients: bool) -> dict:
-    """The held-out clients' figures, apart: personal (after their local round) and,
-    where the clients evaluate it, global; each correct over test samples."""
-    total = sum(int(r[NUM_TEST]) for r in newcomers)
-    if not newcomers or total < 1:
-        return {}
-    figures = {
-        "new-clients": len(newcomers),
-        "new-client-personal-accuracy": sum(int(r[PERSONAL_CORRECT]) for r in newcomers) / total,
-    }
-    if global_on_clients:
-        correct = sum(int(r[GLOBAL_CORRECT]) for r in newcomers)
-        figures["new-client-global-accuracy"] = correct / total
-    return figures
+def correct_share(results: list[dict[str, float]], key: str) -> float:
+    """Σ correct (``key``) over Σ test samples of ``results``: the figure over the union
+    of their test splits (thesis 5.3)."""
+    return sum(int(r[key]) for r in results) / max(1, sum(int(r[NUM_TEST]) for r in results))
 
 
 def personal_metrics(results: list[dict[str, float]]) -> dict[str, float | list[float]]:
@@ -517,7 +514,7 @@ def personal_metrics(results: list[dict[str, float]]) -> dict[str, float | list[
     total = sum(int(r[NUM_TEST]) for r in results)
     per_client = [int(r[PERSONAL_CORRECT]) / max(1, int(r[NUM_TEST])) for r in results]
     return {
-        "personal-accuracy": sum(int(r[PERSONAL_CORRECT]) for r in results) / total,
+        "personal-accuracy": correct_share(results, PERSONAL_CORRECT),
         "personal-accuracy-std": float(np.std(per_client)),
         "num-test": total,
         "client-partitions": [int(r[PARTITION_ID]) for r in results],
@@ -536,7 +533,7 @@ def sampled_personal_metrics(
     if not chosen or total < 1:
         return {}
     return {
-        "personal-accuracy-sampled": sum(int(r[PERSONAL_CORRECT]) for r in chosen) / total,
+        "personal-accuracy-sampled": correct_share(chosen, PERSONAL_CORRECT),
         "sampled-clients-evaluated": len(chosen),
     }
 

@@ -5,22 +5,17 @@ their personal head and the global head they received; each group is averaged wi
 weights |D_k| and the whole model goes to the next round's clients. Personal heads
 (``head_p``) never reach the server: a reply carrying one is refused.
 
-The global model, for the global figure only, is head_g(base(x)): the shared feature
-extractor and global head on the whole feature, with no policy (a policy needs a
+The global model, for the global figure only, is the default head_g(base(x)): the shared
+feature extractor and global head on the whole feature, with no policy (a policy needs a
 client's condition, which stays on the client; see ``clients/fedcp.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import numpy as np
-
 from clients.fedcp import attach_fedcp_modules
 from fedreg_app.core.config import RunConfig
 from fedreg_app.core.models import BASE, EXTRA, HEAD_G, SplitModel
 from fedreg_app.core.protocol import NUM_EXAMPLES
-from strategies.base import ModelParts
 from strategies.fedavg import FedAvgStrategy
 
 
@@ -31,13 +26,3 @@ class FedCPStrategy(FedAvgStrategy):
     @classmethod
     def add_modules(cls, config: RunConfig, model: SplitModel) -> None:
         attach_fedcp_modules(model, config.seed)
-
-    @classmethod
-    def global_parts(
-        cls, config: RunConfig, model: SplitModel, arrays: Mapping[str, np.ndarray]
-    ) -> ModelParts:
-        """base, and the global head on its whole feature, with the aggregated arrays."""
-        cls.add_modules(config, model)  # idempotent: the ServerApp has usually done it
-        model.load_group_state(dict(arrays), BASE, HEAD_G, EXTRA)
-        model.eval()
-        return model.base, model.head_g

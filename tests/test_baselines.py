@@ -95,7 +95,7 @@ def test_fedbabu_feature_finetuning_equals_finetuning_through_the_frozen_base() 
     """Head fine-tuning on cached features == on images with the base frozen."""
     a = FedBABUClient(make_setup(algo="fedbabu", **{"finetune-epochs": 1}))
     a.load_global(global_arrays())
-    a.fine_tune(1)
+    a.fine_tune(1, 1, whole_model=False)  # finetune-epochs 1, the head (finetune-base false)
     b = FedBABUClient(make_setup(algo="fedbabu"))
     b.load_global(global_arrays())
     b.fit(b.model.parameters_of(HEAD_G), b.cross_entropy(b.model), b.data.train, 1, 1, stream=3)

@@ -33,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.core.config import is_count, is_whole
-from fedreg_app.core.figures import CLIENT_FIGURES, NEW_CLIENT_FIGURES, summarised_figures
+from fedreg_app.core.figures import (
+    CLIENT_FIGURES,
+    NEW_CLIENT_FIGURES,
+    SUMMARISED,
+    summarised_figures,
+)
 from fedreg_app.core.persist import json_text, write_text_atomic
 from fedreg_app.core.tensorboard_log import TensorBoardLog
 
@@ -539,7 +544,7 @@ class ResultsWriter:
             "total_train_bytes_from_clients": sum(r.train_bytes_from_clients for r in self.rounds),
             "total_trained_parameters": sum(r.trained_parameters for r in self.rounds),
             **best,
-            **summarised_figures([asdict(r) for r in self.rounds]),
+            **summarised_figures([{f: getattr(r, f) for f in SUMMARISED} for r in self.rounds]),
             # FedReG paper, Figure 7: log10(g / p) of the best global and best personal
             # accuracy; 0 means the global model is as good as the personal ones.
             "log10_global_over_personal": score,

@@ -111,6 +111,12 @@ class SplitModel(nn.Module):
     def parameters_of(self, *groups: str) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if group_of(name) in groups]
 
+    @property
+    def feature_dim(self) -> int:
+        """The size of the base's feature: the in-features of the head's first Linear
+        layer (the modules FedCP and FedDBE add work on that feature)."""
+        return next(m for m in self.head_g.modules() if isinstance(m, nn.Linear)).in_features
+
     def parameter_names_of(self, *groups: str) -> list[str]:
         """Names in the order of :meth:`parameters_of`."""
         return [name for name, _ in self.named_parameters() if group_of(name) in groups]

@@ -68,7 +68,6 @@ def held_out(config: NewClientSettings, num_partitions: int) -> frozenset[int]:
     count = held_out_count(config.new_client_fraction, num_partitions)
     if not count:
         return frozenset()
-    from fedreg_app.core.seeds import rng  # here: the config's module loads without torch
+    from fedreg_app.core.seeds import drawn_partitions  # here: config loads without torch
 
-    order = rng(config.seed, "new-clients", num_partitions).permutation(num_partitions)
-    return frozenset(int(p) for p in order[:count])
+    return drawn_partitions(config.seed, "new-clients", num_partitions, count)

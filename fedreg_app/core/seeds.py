@@ -75,3 +75,11 @@ def torch_generator(seed: int, stream: str, *context: int) -> torch.Generator:
     """A torch generator for one stream, from 64 bits of entropy."""
     entropy = sequence(seed, stream, *context).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(entropy))
+
+
+def drawn_partitions(seed: int, stream: str, num_partitions: int, count: int) -> frozenset[int]:
+    """``count`` of the ``num_partitions`` partitions, a seeded draw that depends on the
+    seed and N only, so that the server and every client name the same ones (the
+    attackers, the held-out new clients)."""
+    order = rng(seed, stream, num_partitions).permutation(num_partitions)
+    return frozenset(int(p) for p in order[:count])
