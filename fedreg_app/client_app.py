@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import socket
 import sys
 import time
@@ -47,6 +48,7 @@ from fedreg_app.core.data import (
     node_data,
     tensors_digest,
 )
+from fedreg_app.core.environment import run_ray_workers_at_normal_priority
 from fedreg_app.core.models import SplitModel, checked_value, initial_model
 from fedreg_app.core.new_clients import held_out
 from fedreg_app.core.persist import file_sha256_cached
@@ -66,24 +68,27 @@ from fedreg_app.core.protocol import (
     HOSTNAME,
     INIT_MODEL_DIGEST,
     METRICS,
+    NICENESS,
     NUM_PARTITIONS,
     PARTITION_ID,
     QUERY,
     RAY_ACTOR,
     RAY_NODE,
     SERVER_ROUND,
+    SETUP_SECONDS,
     STATE_HELD,
     STATE_KEY,
     STATE_ON_DISK,
     STATE_RESET_RECORDS,
     STATE_RESETS,
     STATE_ROUND,
+    STATE_SECONDS,
     TORCH_VERSION,
     WEIGHTS_QUERY,
     is_valid_state_key,
 )
 from fedreg_app.core.records import from_record, to_record
-from fedreg_app.core.training import select_device
+from fedreg_app.core.training import select_device, set_denormals
 from fedreg_app.registry import Algorithm, algorithm_of, load_config
 from strategies.base import ModelParts
 
@@ -93,6 +98,7 @@ STATE_DIR = "state-dir"
 NUM_THREADS = "num-threads"
 
 app = ClientApp()
+run_ray_workers_at_normal_priority()  # before a simulation process starts Ray
 
 
 @dataclass(frozen=True)
@@ -203,6 +209,7 @@ def require_copy(key: str, path: str, named: str, hint: str = "") -> None:
 
 def client_setup(context: Context) -> ClientSetup:
     config = run_config_of(context)
+    set_denormals(config.flush_denormals)
     node = NodeSettings.from_context(context)
     if node.num_threads > 0:  # several SuperNodes on one device: don't oversubscribe it
         torch.set_num_threads(node.num_threads)
@@ -239,6 +246,8 @@ class StateOutcome:
 
     resets: list[str] = dataclasses.field(default_factory=list)
     version: int | None = None
+    #: Seconds spent restoring and committing the state on disk.
+    seconds: float = 0.0
 
 
 @contextmanager
@@ -276,15 +285,19 @@ def persistent_state(
     # Training in round t starts from the state before t; evaluation sees round t's. The
     # server's checkpoint is round t-1's until round t ends: a resume runs round t again.
     upto = server_round - 1 if msg.metadata.message_type == MessageType.TRAIN else server_round
+    started = time.perf_counter()
     restored = versions.restore(context.state, upto, checkpointed=server_round - 1, held=held)
+    outcome.seconds = time.perf_counter() - started
     outcome.resets.extend(restored.reset)
     if restored.records:  # a restarted node, or a resumed run: personalization comes back
         log(INFO, "partition %d: restored %s of round %d from %s", partition,
             ", ".join(restored.records), restored.round, versions.folder)  # fmt: skip
     yield outcome
+    started = time.perf_counter()
     committed = versions.commit(context.state, server_round)
     outcome.version = server_round if committed else restored.round
     versions.release(context.state)
+    outcome.seconds += time.perf_counter() - started
 
 
 def state_held_of(msg: Message, server_round: int) -> int | None:
@@ -377,7 +390,8 @@ def device_name(device: torch.device) -> str:
 @functools.cache
 def where_running() -> dict[str, str]:
     """This process's host name, torch build and CPU kind (a device's figures replay
-    bit-exactly only on the same) and, inside a Ray worker (a simulation's client
+    bit-exactly only on the same), its niceness (a client below its neighbours' priority
+    trains slower) and, inside a Ray worker (a simulation's client
     actor), its Ray node id (on a multi-node Ray cluster, which machine ran the client)
     and actor id (how many actors a round used: on a GPU, whether every actor the
     client resources allow took part)."""
@@ -385,6 +399,7 @@ def where_running() -> dict[str, str]:
         HOSTNAME: socket.gethostname(),
         TORCH_VERSION: torch.__version__,
         CPU_CAPABILITY: torch.backends.cpu.get_cpu_capability(),
+        NICENESS: str(os.getpriority(os.PRIO_PROCESS, 0)),
     }
     ray = sys.modules.get("ray")  # imported by the simulation's actors, never here
     if ray is not None and ray.is_initialized():
@@ -396,9 +411,11 @@ def where_running() -> dict[str, str]:
     return where
 
 
-def timings(received: float, computed: float) -> dict[str, float]:
-    """Seconds in the procedure alone, and in the whole handler so far."""
-    return {COMPUTE_SECONDS: computed, HANDLER_SECONDS: time.perf_counter() - received}
+def timings(received: float, computed: float, set_up: float, state: float) -> dict[str, float]:
+    """Seconds in the procedure alone, in the whole handler so far, and in two of its
+    parts around the procedure: setting up (configuration, data) and the state on disk."""
+    return {COMPUTE_SECONDS: computed, HANDLER_SECONDS: time.perf_counter() - received,
+            SETUP_SECONDS: set_up, STATE_SECONDS: state}  # fmt: skip
 
 
 Work = Callable[[Algorithm, ClientProcedure, dict, int, Message], tuple[dict, dict | None]]
@@ -410,16 +427,18 @@ def handle(msg: Message, context: Context, work: Work) -> Message:
     received = time.perf_counter()
     server_round = server_round_of(msg)  # before any state is read or written
     setup = client_setup(context)
+    set_up = time.perf_counter() - received
     algorithm = algorithm_of(setup.config)  # resolved once for the whole message
     with persistent_state(msg, context, setup, server_round) as outcome:
         procedure, arrays = procedure_for(algorithm, setup, msg)
         started = time.perf_counter()
         metrics, reply_arrays = work(algorithm, procedure, arrays, server_round, msg)
+        computed = time.perf_counter() - started
         refuse_non_finite(context.state, reply_arrays, server_round)  # before any commit
     records = {} if reply_arrays is None else {ARRAYS: to_record(reply_arrays)}
     if outcome.resets:  # which records, not only how many: the run's record says so
         records[STATE_RESET_RECORDS] = ConfigRecord({"records": list(outcome.resets)})
-    seconds = timings(received, time.perf_counter() - started)
+    seconds = timings(received, computed, set_up, outcome.seconds)
     held = {} if outcome.version is None else {STATE_ROUND: outcome.version}
     metrics = {**metrics, STATE_RESETS: len(outcome.resets), **held}
     return reply(msg, procedure, metrics, seconds, **records)

@@ -68,11 +68,18 @@ from fedreg_app.core.protocol import (
     NUM_PROCESSED,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
+    SETUP_SECONDS,
     STATE_RESETS,
+    STATE_SECONDS,
 )
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.tensorboard_log import require_tensorboard
-from fedreg_app.core.training import count_correct, eval_batch_size, select_device
+from fedreg_app.core.training import (
+    count_correct,
+    eval_batch_size,
+    select_device,
+    set_denormals,
+)
 from fedreg_app.nodes import (
     NodeFacts,
     RunFailedError,
@@ -504,6 +511,8 @@ def round_record(
         train_bytes_from_clients=training.bytes_received,
         client_compute_seconds=client_seconds(COMPUTE_SECONDS),
         client_handler_seconds=client_seconds(HANDLER_SECONDS),
+        client_setup_seconds=client_seconds(SETUP_SECONDS),
+        client_state_seconds=client_seconds(STATE_SECONDS),
         eval_compute_seconds=round(float(personal.get(COMPUTE_SECONDS, 0.0)), 3),
         slowest_handlers_seconds=round(slowest(train_replies) + slowest(eval_metrics), 3),
         server_eval_seconds=round(evaluation.server_seconds, 3),
@@ -593,6 +602,7 @@ def start_run(grid: Grid, context: Context) -> RunSetup:
     build the strategy with what is known of the run (its :class:`RunFacts`)."""
     refuse_relative_paths(context.run_config)  # read here, they would name another folder
     config = load_config(context.run_config)  # fails fast on bad input
+    set_denormals(config.flush_denormals)  # the server's own evaluation and training
     if not config.resume:
         check_results_dir(config.results_dir)
     eval_batch_size(torch.device("cpu"))  # fails fast on a bad FEDREG_EVAL_BATCH

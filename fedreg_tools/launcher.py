@@ -102,9 +102,14 @@ def app_fab_include(app: Path) -> Any:
 
 
 #: A SuperExec (the SuperLink's, which starts the simulation; a SuperNode's, which starts
-#: a ``flwr-clientapp`` process per message) asks for new work once a second by default:
-#: every run, and deployed every message, then waits half a second on average. Flower
-#: reads the interval from the environment (0.01-60 s); the environment's own value wins.
+#: a ``flwr-clientapp`` process per message) asks for new work once a second by default.
+#: Deployed, every message waits for that poll, half a second on average: the local
+#: deployment's SuperNodes poll every 0.1 s. A simulation waits for it once, at its start,
+#: while the polls (each a request the SuperLink answers) go on for the whole run: at 0.1 s
+#: they took about a tenth of a core from the client actors
+#: (``benchmarks/round_limit.py --task-poll 0.1 1``), so the simulation's SuperLink keeps
+#: Flower's default. Flower reads the interval from the environment (0.01-60 s); the
+#: environment's own value wins.
 TASK_POLL_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 
 
@@ -367,7 +372,6 @@ class LocalSuperLink:
         self.app = app
         self.http_port, self.control_port = free_port(), free_port()
         self.env = {
-            **TASK_POLL_ENV,
             **os.environ,
             **QUIET_OFFLINE_ENV,
             **(extra_env or {}),

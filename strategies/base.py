@@ -36,11 +36,10 @@ from fedreg_app.core.new_clients import held_out, held_out_count
 from fedreg_app.core.partition_map import PartitionMap
 from fedreg_app.core.protocol import (
     ARRAYS,
-    COMPUTE_SECONDS,
     CONFIG,
+    COST_SECONDS,
     GLOBAL_ARRAYS,
     GLOBAL_CORRECT,
-    HANDLER_SECONDS,
     METRICS,
     NUM_EXAMPLES,
     NUM_PROCESSED,
@@ -540,7 +539,4 @@ def sampled_personal_metrics(
 
 def cost_totals(results: list[Mapping[str, float]]) -> dict[str, float]:
     """Client seconds summed over the replies (the work the round bought)."""
-    return {
-        key: float(sum(float(r.get(key, 0.0)) for r in results))
-        for key in (COMPUTE_SECONDS, HANDLER_SECONDS)
-    }
+    return {key: float(sum(float(r.get(key, 0.0)) for r in results)) for key in COST_SECONDS}

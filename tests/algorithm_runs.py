@@ -83,6 +83,9 @@ def check_costs(algo: str, rounds: list[dict]) -> None:
         assert record["bytes_to_clients"] > 0 and record["bytes_from_clients"] > 0
         assert record["trained_parameters"] > 0
         assert 0 < record["client_compute_seconds"] <= record["client_handler_seconds"]
+        parts = ("client_compute_seconds", "client_setup_seconds", "client_state_seconds")
+        assert min(record[part] for part in parts) >= 0
+        assert sum(record[part] for part in parts) <= record["client_handler_seconds"] + 0.005
     for record in rounds:
         evaluated = record["personal_accuracy"] is not None
         assert (record["eval_compute_seconds"] > 0) == evaluated

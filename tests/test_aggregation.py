@@ -91,7 +91,12 @@ def test_payload_bytes_counts_every_message_and_cost_totals_sum() -> None:
 
     from flwr.app import RecordDict
 
-    from fedreg_app.core.protocol import COMPUTE_SECONDS, HANDLER_SECONDS
+    from fedreg_app.core.protocol import (
+        COMPUTE_SECONDS,
+        HANDLER_SECONDS,
+        SETUP_SECONDS,
+        STATE_SECONDS,
+    )
     from fedreg_app.core.records import to_record
     from fedreg_app.server_app import payload_bytes
     from strategies.base import cost_totals
@@ -101,8 +106,10 @@ def test_payload_bytes_counts_every_message_and_cost_totals_sum() -> None:
     serialized = len(record["arrays"]["base.w"].data)  # .npy bytes: data plus a header
     assert 3 * 4 * 4 < serialized < 3 * 4 * 4 + 256
     assert payload_bytes(messages) == 2 * serialized
-    replies = [{COMPUTE_SECONDS: 1.5, HANDLER_SECONDS: 2.0}, {COMPUTE_SECONDS: 0.5}]
-    assert cost_totals(replies) == {COMPUTE_SECONDS: 2.0, HANDLER_SECONDS: 2.0}
+    replies = [{COMPUTE_SECONDS: 1.5, HANDLER_SECONDS: 2.0, STATE_SECONDS: 0.25},
+               {COMPUTE_SECONDS: 0.5, SETUP_SECONDS: 0.125}]  # fmt: skip
+    assert cost_totals(replies) == {COMPUTE_SECONDS: 2.0, HANDLER_SECONDS: 2.0,
+                                    SETUP_SECONDS: 0.125, STATE_SECONDS: 0.25}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

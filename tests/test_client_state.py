@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,17 @@ from fedreg_app.core.client_state import MANIFEST, NO_USABLE_VERSION, VersionedS
 from fedreg_app.core.models import BASE, HEAD_G, initial_model
 from fedreg_app.core.protocol import (
     ARRAYS,
+    COMPUTE_SECONDS,
     CONFIG,
+    HANDLER_SECONDS,
     METRICS,
     SERVER_ROUND,
+    SETUP_SECONDS,
     STATE_HELD,
     STATE_KEY,
     STATE_RESETS,
     STATE_ROUND,
+    STATE_SECONDS,
 )
 from fedreg_app.core.records import from_record, to_record
 from tests.inprocess import over_the_wire, results, run_server
@@ -245,6 +250,33 @@ def state_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 def trained(run_config: dict[str, Any], server_round: int, partition_id: int = 0) -> Message:
     context = node_context(run_config, partition_id)
     return client_app.train(train_message(context, server_round), context)
+
+
+def test_a_reply_says_how_long_its_state_and_its_setup_took_within_the_handler(
+    grey_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler's parts are timed apart: reading and writing the private state (here
+    slowed by 0.2 s in each direction), setting up, and the procedure's own work; the three
+    together are no more than the whole handler."""
+    from fedreg_app.core import client_state
+
+    slow = 0.2
+    for name in ("restore", "commit"):
+        original = getattr(client_state.VersionedState, name)
+
+        def delayed(self, *args, _original=original, **kwargs):
+            time.sleep(slow)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(client_state.VersionedState, name, delayed)
+    metrics = trained(node_config(grey_dataset, tmp_path / "state"), 1).content[METRICS]
+    assert 2 * slow <= metrics[STATE_SECONDS] < 2 * slow + 1.0
+    assert metrics[SETUP_SECONDS] > 0 and metrics[COMPUTE_SECONDS] > 0
+    parts = metrics[STATE_SECONDS] + metrics[SETUP_SECONDS] + metrics[COMPUTE_SECONDS]
+    assert parts <= metrics[HANDLER_SECONDS]
+    without_disk = {k: v for k, v in node_config(grey_dataset, tmp_path).items()
+                    if k != "state-dir"}  # fmt: skip
+    assert trained(without_disk, 1).content[METRICS][STATE_SECONDS] == 0.0
 
 
 @pytest.mark.parametrize("crafted", [0, -1, 2.9, "3", True])

@@ -284,6 +284,8 @@ def test_an_earlier_meaning_is_read_only_where_the_key_can_matter() -> None:
     assert as_ran({"algo": "fedavg"}, CATALOG)["dirichlet-balance"] is False  # dirichlet
     assert as_ran(shard, CATALOG)["drop-last"] is False  # every algorithm, every partition
     assert RunConfig().drop_last is True
+    assert as_ran(shard, CATALOG)["flush-denormals"] is False  # full IEEE arithmetic
+    assert RunConfig().flush_denormals is True
 
 
 def test_the_largest_seed_allowed_runs_through_flowers_wire(

@@ -79,6 +79,7 @@ def test_every_algorithm_runs_in_simulation(
     hosts = [host for r in results["rounds"] for host in r["client_hosts"].values()]
     actors = {host["ray-actor"] for host in hosts}  # every training client names its actor
     assert 1 <= len(actors) <= (os.cpu_count() or 1)  # one actor per CPU at most
+    assert {host["niceness"] for host in hosts} == {"0"}  # not Ray's default of 15
 
 
 @pytest.mark.simulation_all

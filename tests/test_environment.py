@@ -4,6 +4,7 @@ replay in another one says why it may not be bit-identical."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,22 @@ def test_the_serverapp_keeps_its_model_on_the_device_only_when_it_evaluates_ther
     ServerApp); where the ServerApp evaluates, it goes to the run's device."""
     assert server_device("cuda", evaluation).type == expected
     assert server_device("cpu", evaluation).type == "cpu"
+
+
+def test_ray_workers_run_at_normal_priority_unless_the_environment_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray starts its workers at niceness 15 by default: below every process that wakes
+    up during a simulation. The ClientApp's import sets 0 for the Ray a simulation process
+    starts after it; an operator's own value stays."""
+    from fedreg_app.core.environment import (
+        RAY_WORKER_NICENESS,
+        run_ray_workers_at_normal_priority,
+    )
+
+    monkeypatch.delenv(RAY_WORKER_NICENESS, raising=False)
+    run_ray_workers_at_normal_priority()
+    assert os.environ[RAY_WORKER_NICENESS] == "0"
+    monkeypatch.setenv(RAY_WORKER_NICENESS, "10")
+    run_ray_workers_at_normal_priority()
+    assert os.environ[RAY_WORKER_NICENESS] == "10"

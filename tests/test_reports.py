@@ -102,6 +102,7 @@ def fake_run(
                    "local-epochs": 1, "batch-size": 10, "seed": seed,
                    # as of today
                    "dirichlet-balance": True, "drop-last": True, "optimizer-state": "persistent",
+                   "flush-denormals": True,
                    **(config or {})},
         "run": {"status": status, "num_clients": clients, **({"error": error} if error else {}),
                 **({"data_digest": digest} if digest else {})},

@@ -354,3 +354,26 @@ def test_cuda_graphs_on_the_cpu_change_nothing_and_need_drop_last() -> None:
                                           r"with drop-last = false"):  # fmt: skip
         load_config({"cuda-graphs": True, "drop-last": False})
     assert load_config({"cuda-graphs": True}).cuda_graphs is True
+
+
+def test_flush_denormals_has_the_thread_that_handles_a_message_read_them_as_zero(
+    grey_dataset,
+) -> None:
+    """``flush-denormals`` (default true) is set by every message's setup, for the thread
+    that trains and evaluates; ``false`` keeps full IEEE arithmetic. A denormal doubled
+    is 0 with it, and 2e-39 without."""
+    from flwr.app import Context, RecordDict
+
+    from fedreg_app import client_app
+
+    try:
+        for flush, doubled in ((True, 0.0), (False, 2e-39)):
+            run_config = {"algo": "fedavg", "dataset-path": str(grey_dataset),
+                          "min-partition-size": 5, "flush-denormals": flush}  # fmt: skip
+            context = Context(run_id=1, node_id=1, state=RecordDict(), run_config=run_config,
+                              node_config={"partition-id": 0, "num-partitions": 4})  # fmt: skip
+            client_app.client_setup(context)
+            denormal = torch.tensor([1e-39], dtype=torch.float32)  # made under the flag too
+            assert (denormal * 2).item() == pytest.approx(doubled, rel=1e-5, abs=0)
+    finally:
+        torch.set_flush_denormal(False)  # PyTorch's default, for the tests after this one

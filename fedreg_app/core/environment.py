@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -119,3 +120,20 @@ def client_devices(rounds: list[dict[str, Any]], upto: int | None = None) -> set
 
 if __name__ == "__main__":  # what a run made here would record
     print(json.dumps(describe_environment(), indent=1))
+
+
+#: Ray starts its workers (a simulation's client actors) at this niceness unless told
+#: otherwise; its default is 15.
+RAY_WORKER_NICENESS = "RAY_worker_niceness"
+
+
+def run_ray_workers_at_normal_priority() -> None:
+    """Have the client actors of a simulation started in this process run at niceness 0.
+
+    At Ray's default of 15 every wake-up of a process at 0 (the SuperLink answering
+    polls, the ServerApp's process, Ray's own daemons) preempted a training client: its
+    training ran 10-20% slower than the same work in a plain process
+    (``benchmarks/round_limit.py --env RAY_worker_niceness=15 -``). The simulation process
+    imports the ClientApp before it starts Ray, whose processes inherit the environment,
+    so the ClientApp's import sets it; a value already in the environment wins."""
+    os.environ.setdefault(RAY_WORKER_NICENESS, "0")

@@ -102,6 +102,11 @@ class RoundRecord:
     train_bytes_from_clients: int = 0
     client_compute_seconds: float = 0.0
     client_handler_seconds: float = 0.0
+    #: Two parts of ``client_handler_seconds`` around the clients' own work: setting up
+    #: (configuration, the node's data, decoded the first time a process serves it) and
+    #: the private state on disk (restored, then committed: written, fsynced, hashed).
+    client_setup_seconds: float = 0.0
+    client_state_seconds: float = 0.0
     #: The evaluation phase's part of ``client_compute_seconds`` (the rest is training):
     #: the floor under ``eval_seconds`` that faster messaging cannot lower.
     eval_compute_seconds: float = 0.0
@@ -211,8 +216,9 @@ COUNT_FIELDS = (
 #: Per-round seconds and spreads, where a record has them: each a finite number >= 0
 #: (those that may be null when nothing was measured: ``NULLABLE_FIELDS``).
 MEASURE_FIELDS = (
-    "client_compute_seconds", "client_handler_seconds", "eval_compute_seconds",
-    "slowest_handlers_seconds", "server_eval_seconds",
+    "client_compute_seconds", "client_handler_seconds", "client_setup_seconds",
+    "client_state_seconds", "eval_compute_seconds", "slowest_handlers_seconds",
+    "server_eval_seconds",
 )  # fmt: skip
 NULLABLE_FIELDS = ("personal_accuracy_std", "dp_epsilon")
 #: A run's totals, each the sum of a per-round field.

@@ -31,9 +31,12 @@ CPU_CAPABILITY = "cpu-capability"
 DEVICE = "device"
 RAY_NODE = "ray-node"
 RAY_ACTOR = "ray-actor"
+#: The scheduling priority the client ran at (a simulation's actors: Ray's worker
+#: niceness; see ``run_ray_workers_at_normal_priority``).
+NICENESS = "niceness"
 #: The only host keys a server keeps (a reply is data from the wire: no other key, and
 #: each value cut to :data:`HOST_VALUE_CHARS` characters).
-HOST_KEYS = (HOSTNAME, TORCH_VERSION, CPU_CAPABILITY, DEVICE, RAY_NODE, RAY_ACTOR)
+HOST_KEYS = (HOSTNAME, TORCH_VERSION, CPU_CAPABILITY, DEVICE, RAY_NODE, RAY_ACTOR, NICENESS)
 HOST_VALUE_CHARS = 200
 #: Replies: the data the client holds (config record), ``digest``: the content digest of
 #: its decoded train and test splits, which the server compares with its own partitioning
@@ -74,6 +77,11 @@ GLOBAL_CORRECT = "global-correct"  # the global model on the client's test split
 NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this round
 COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
 HANDLER_SECONDS = "handler-seconds"  # the whole message handler, setup included
+#: The handler's parts around the procedure: the run's configuration and the node's data
+#: (decoded the first time a process serves the partition), and reading and writing the
+#: node's private state under its state-dir (restore, then commit: fsynced and hashed).
+SETUP_SECONDS = "setup-seconds"
+STATE_SECONDS = "state-seconds"
 STATE_RESETS = "state-resets"  # private state started afresh: a corrupt file, or lost versions
 #: A reply's ConfigRecord naming the records that started afresh (key ``records``).
 STATE_RESET_RECORDS = "state-reset-records"
@@ -82,7 +90,7 @@ STATE_RESET_RECORDS = "state-reset-records"
 STATE_ROUND = "state-round"
 #: Reply metrics a server adds into the round's record when present: finite numbers >= 0,
 #: and the counts whole (none is trusted: a text or NaN value would end or poison a run).
-COST_SECONDS = (COMPUTE_SECONDS, HANDLER_SECONDS)
+COST_SECONDS = (COMPUTE_SECONDS, HANDLER_SECONDS, SETUP_SECONDS, STATE_SECONDS)
 COST_COUNTS = (NUM_TRAINED_PARAMS, STATE_RESETS)
 
 #: A state key as the ServerApp makes it (a run folder's name): letters, digits, ``._-``,

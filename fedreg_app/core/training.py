@@ -73,6 +73,14 @@ def select_device(name: str) -> torch.device:
     return device
 
 
+def set_denormals(flush: bool) -> None:
+    """Have this thread's CPU arithmetic read and write denormals as zero, or not (the
+    ``flush-denormals`` key). The flag is the calling thread's, and threads it starts
+    afterwards (torch's intra-op pool) inherit it: set before the first torch operation
+    of the thread that trains or evaluates."""
+    torch.set_flush_denormal(flush)
+
+
 @functools.cache
 def use_deterministic_cuda() -> None:
     """So that the same seed can give the same numbers on a GPU too (not yet checked on
