@@ -30,7 +30,7 @@ simulation (bare, simulation, bare, ...): each simulation's limit is the mean of
 bare passes beside it. ``--settings`` runs one simulation per setting
 (``NAME=VALUE,NAME=VALUE``, ``-`` for none: a run-config key such as
 ``flush-denormals=false``, else an environment variable), interleaved the same way: a
-setting's cost measured against another in one run. Settings measured so far: Flower's
+setting's cost measured against another in one run. Settings that change a round here: Flower's
 SuperExec task poll (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``), the niceness Ray gives its
 workers (``RAY_worker_niceness``, 15 unless the app or the environment says otherwise) and
 ``flush-denormals``.
