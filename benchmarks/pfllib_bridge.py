@@ -28,6 +28,28 @@ WORKER_TIMEOUT = 3600
 
 
 # ------------------------------------------------------------------ figures
+def add_work_arguments(
+    parser: argparse.ArgumentParser, *, rounds: int, fraction: float, lr: float
+) -> None:
+    """The arguments both comparisons share, with each one's defaults for the work: our
+    data and a PFLlib clone, the rounds, clients, sampling, batch, learning rate and
+    partition, and those a worker process is started with."""
+    parser.add_argument("--dataset-path", help="our offline copy (hub layout)")
+    parser.add_argument("--pfllib", default="", help="a PFLlib clone (folder with system/)")
+    parser.add_argument("--pfllib-python", default=sys.executable,
+                        help="interpreter for PFLlib (needs torch, h5py, scikit-learn, "
+                             "matplotlib); default: this one")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--fraction", type=float, default=fraction)
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--alpha", type=float, default=0.1)
+    parser.add_argument("--data-fraction", type=float, default=1.0)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

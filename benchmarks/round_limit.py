@@ -8,11 +8,12 @@ clients) and in its whole message handler; the evaluate phase's wall time.
 
 The limit is the same work done by hand on the same cores: a pool of as many worker
 processes as the simulation had actors (one torch thread each), which train the round's
-sampled clients on their own partitions (the same samples, model, batch size, epochs,
-learning rate and momentum; inputs normalised once, ``torch.optim.SGD``, no messages, no
-state, no checks) longest first, then run one forward pass over each evaluated client's
-test split. Its wall time is the round's floor; the sum of its per-client training
-seconds is what the clients' compute would be without the framework around it.
+sampled clients on their own partitions with ``client_throughput.py``'s hand-written loop
+(the same samples, model, batch size, epochs, learning rate and momentum; inputs
+normalised once, ``torch.optim.SGD``, no messages, no state, no checks) longest first,
+then run one forward pass over each evaluated client's test split. Its wall time is the
+round's floor; the sum of its per-client training seconds is what the clients' compute
+would be without the framework around it.
 
 Two ratios, per round after the first (which decodes every partition once), and their
 medians over the rounds in the summary line:
@@ -64,7 +65,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn import functional as F  # noqa: N812
 
 from fedreg_app.core.config import RunConfig
 from fedreg_app.core.data import PartitionKey, load_client_data, load_info, normalise
@@ -76,6 +76,7 @@ from fedreg_tools.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text, d
 from strategies.sampling import ClientSampler
 
 sys.path.insert(0, str(Path(__file__).parent))
+from client_throughput import bare_steps  # noqa: E402
 from simulation import role_of, run_once  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -91,7 +92,7 @@ def _start_worker(run_config: dict[str, Any], clients: int) -> None:
     torch.set_flush_denormal(config.flush_denormals)  # as the clients do
     key = PartitionKey.from_config(config, clients)
     _WORKER.update(config=config, key=key, info=load_info(key), data={})
-    train_client(0, timed=False)
+    train_client(0, warm_up=True)
 
 
 def _data(partition: int):
@@ -101,28 +102,18 @@ def _data(partition: int):
     return held[partition]
 
 
-def train_client(partition: int, timed: bool = True) -> tuple[int, float, int]:
-    """``local-epochs`` shuffled passes of SGD over the partition's training split, as a
-    hand-written loop would do them; returns (partition, seconds, samples)."""
+def train_client(partition: int, warm_up: bool = False) -> tuple[int, float, int]:
+    """The partition's training split trained by ``client_throughput.bare_steps``, the
+    hand-written loop (a few batches when ``warm_up``); returns (partition, seconds,
+    samples)."""
     config: RunConfig = _WORKER["config"]
     data = _data(partition)
     x, y = normalise(data.train.x.clone()), data.train.y
+    if warm_up:
+        x, y = x[: 20 * config.batch_size], y[: 20 * config.batch_size]
     model = build_model(_WORKER["info"], config.head_depth, config.seed, model=config.model)
-    model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum)
-    generator = torch.Generator().manual_seed(partition)
-    epochs = config.local_epochs if timed else 1
-    limit = None if timed else 20 * config.batch_size  # the warm-up: a few steps
     started = time.perf_counter()
-    processed = 0
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator)[:limit]
-        for start in range(0, len(order), config.batch_size):
-            idx = order[start : start + config.batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            optimizer.step()
-            processed += len(idx)
+    processed = bare_steps(model, [(list(model.parameters()), model, x, y)], config)
     return partition, time.perf_counter() - started, processed
 
 

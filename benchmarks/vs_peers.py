@@ -41,6 +41,7 @@ from typing import Any
 
 from pfllib_bridge import (
     WORKER_TIMEOUT,
+    add_work_arguments,
     client_schedule,
     fedavgcnn,
     git_commit,
@@ -351,26 +352,13 @@ def summarise(name: str, run: dict[str, Any], rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset-path", help="our offline copy (hub layout)")
-    parser.add_argument("--pfllib", default="", help="a PFLlib clone (folder with system/)")
-    parser.add_argument("--pfllib-python", default=sys.executable,
-                        help="interpreter for PFLlib (needs torch, h5py, scikit-learn, "
-                             "matplotlib); default: this one")  # fmt: skip
+    add_work_arguments(parser, rounds=5, fraction=0.25, lr=0.01)
     parser.add_argument("--pfl-python", default="", help="an interpreter that has pfl")
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--fraction", type=float, default=0.25)
-    parser.add_argument("--batch-size", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--alpha", type=float, default=0.1)
-    parser.add_argument("--data-fraction", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads of a peer's single process (ours: one client "
                              "process per core, one thread each)")  # fmt: skip
     parser.add_argument("--worker", choices=("pfllib", "pfl"), help=argparse.SUPPRESS)
-    parser.add_argument("--spec", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker_main(args)

@@ -56,6 +56,7 @@ from typing import Any
 
 from pfllib_bridge import (
     WORKER_TIMEOUT,
+    add_work_arguments,
     client_schedule,
     fedavgcnn,
     git_commit,
@@ -499,19 +500,8 @@ def compare(args: argparse.Namespace) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dataset-path", help="our offline copy (hub layout)")
-    parser.add_argument("--pfllib", default="", help="a PFLlib clone (folder with system/)")
-    parser.add_argument("--pfllib-python", default=sys.executable,
-                        help="interpreter for PFLlib (needs torch, h5py, scikit-learn, "
-                             "matplotlib); default: this one")  # fmt: skip
+    add_work_arguments(parser, rounds=20, fraction=1.0, lr=0.005)
     parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS))
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--clients", type=int, default=20)
-    parser.add_argument("--fraction", type=float, default=1.0)
-    parser.add_argument("--batch-size", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=0.005)
-    parser.add_argument("--alpha", type=float, default=0.1)
-    parser.add_argument("--data-fraction", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads of PFLlib's process (ours: one client process "
@@ -519,8 +509,6 @@ def parse_args() -> argparse.Namespace:
                              "torch's threads wait on each other (batch 10: 30x slower "
                              "on 2)")  # fmt: skip
     parser.add_argument("--worker", choices=tuple(SERVERS), help=argparse.SUPPRESS)
-    parser.add_argument("--spec", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.worker:
         if not args.dataset_path:
