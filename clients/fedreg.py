@@ -50,7 +50,10 @@ what each difference does; the defaults are FedReG as the sources describe it:
   head_g: the received one, then as step (2) moves it from epoch to epoch). A client that
   never trained uses the received head_g. ``sum`` and ``kept-global`` train the same
   weights; only P differs: whether P follows G because the received head_g's logits are
-  added at evaluation.
+  added at evaluation. ``weighted``: in evaluation, head_p(z) + λ·head_g(z) with the
+  received head_g and a fixed λ (``fedreg-personal-weight``); ``learned``: the same with
+  λ ≥ 0 fitted per client at each evaluation, the λ that minimises the cross-entropy of
+  the client's train split (:func:`fitted_global_weight`). Both train as ``sum``.
 * ``fedreg-private-detach``: ``true`` computes head_p's logits in step (1) on z.detach(),
   so head_p's gradient does not reach the base (FedRoD's personal head); head_g's term
   keeps its gradient.
@@ -94,6 +97,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from clients.base import ClientProcedure, ClientSetup, TrainResult, same_weights
 from clients.feddyn import DynamicRegulariser
@@ -125,7 +129,7 @@ from fedreg_app.core.training import Forward, LossFn
 HEAD_WEIGHTS = ("effective", "original")
 SCHEDULES = ("interleaved", "sequential")
 STEP1_UPDATES = ("prose", "pseudocode")
-PERSONAL = ("sum", "private", "kept-global")
+PERSONAL = ("sum", "private", "kept-global", "weighted", "learned")
 PRIVATE_INITS = ("copy", "random")
 GLOBAL_LOSSES = ("ce", "balanced-softmax")
 #: Client-state record of ``fedreg-personal = "kept-global"``: head_g after the client's
@@ -194,9 +198,21 @@ class FedReGOptions(AlgorithmOptions):
         "in personal evaluation; `private`, `head_p(z)` alone in both; `kept-global`, "
         "evaluation adds the client's own `head_g` as its last training left it (kept in "
         "its state) instead of the one just received, training as `sum` (a client that "
-        "never trained uses the received one). No effect without a private head.",
-        source="paper §3.2 and Algorithm 1, line 9 (`sum`); `private` and `kept-global` "
-        "are our variants (does adding the received `head_g`'s logits make P follow G?)",
+        "never trained uses the received one); `weighted`, evaluation adds the received "
+        "`head_g`'s logits times `fedreg-personal-weight`; `learned`, times the weight "
+        "λ >= 0 that minimises the cross-entropy of the client's train split, fitted at "
+        "each evaluation. `weighted` and `learned` train as `sum`. No effect without a "
+        "private head.",
+        source="paper §3.2 and Algorithm 1, line 9 (`sum`); the others are our variants "
+        "(does adding the received `head_g`'s logits make P follow G, and how much of "
+        "them helps?)",
+    )  # fmt: skip
+    personal_weight: float = option(
+        "fedreg-personal-weight", 0.5, "a number >= 0", at_least(0),
+        doc="λ of `fedreg-personal = \"weighted\"`: the personal prediction is "
+        "`head_p(z) + λ·head_g(z)` (1: `sum`, 0: `head_p` alone in evaluation).",
+        source="our variant; 0.5 halfway between the paper's sum (1) and the private "
+        "head alone (0)",
     )  # fmt: skip
     private_detach: bool = option(
         "fedreg-private-detach", False, "true or false",
@@ -268,6 +284,9 @@ class FedReGClient(ClientProcedure):
         #: ``fedreg-personal = "kept-global"``: head_g as the client's last training left
         #: it, read from its state by :meth:`restore_private` (None: never trained).
         self.kept_head_g: nn.Module | None = None
+        #: The weight of head_g's logits in the personal prediction (``fedreg-personal``
+        #: ``weighted`` and ``learned``), set before each personal evaluation.
+        self.global_weight = 1.0
         #: ``fedreg-dyn-alpha`` > 0: FedDyn's terms of the round being trained.
         self.regulariser: DynamicRegulariser | None = None
         super().__init__(setup)
@@ -371,7 +390,27 @@ class FedReGClient(ClientProcedure):
             return model.head_p(features)
         head_g = self.kept_head_g if self.kept_head_g is not None else model.head_g
         logits = head_g(features)
+        if self.global_weight != 1.0:
+            logits = self.global_weight * logits
         return logits + model.head_p(features)
+
+    def count_correct(self, global_parts: tuple[nn.Module, Forward] | None) -> dict[str, int]:
+        self.global_weight = self.personal_global_weight()
+        return super().count_correct(global_parts)
+
+    def personal_global_weight(self) -> float:
+        """λ of the personal prediction head_p(z) + λ·head_g(z): ``fedreg-personal-weight``
+        (``weighted``), fitted on the client's train split (``learned``), else 1."""
+        personal = self.options.personal
+        if self.model.head_p is None or personal not in ("weighted", "learned"):
+            return 1.0
+        if personal == "weighted":
+            return self.options.personal_weight
+        features = self.base_features(self.data.train)
+        with torch.no_grad():
+            private = self.model.head_p(features.x)
+            shared = self.model.head_g(features.x)
+        return fitted_global_weight(private, shared, features.y)
 
     def personal_head_is(self, head: Forward) -> bool:
         """Without a private head the personal head is the global one (one forward pass
@@ -460,3 +499,42 @@ class FedReGClient(ClientProcedure):
         rebalanced set is built."""
         counts = self.data.train.class_counts(self.setup.info.num_classes)
         return effective_samples(counts, self.threshold())
+
+
+def fitted_global_weight(
+    private_logits: torch.Tensor,
+    global_logits: torch.Tensor,
+    labels: torch.Tensor,
+    iterations: int = 50,
+) -> float:
+    """argmin over λ >= 0 of the mean cross-entropy of ``private + λ·global``.
+
+    The loss is convex in λ (a log-sum-exp of affine functions minus a linear one), so
+    projected Newton steps, halved until the loss does not rise, reach the minimum in a
+    few iterations; in float64 on the CPU, so the fit adds no rounding of the device's
+    own. An empty split keeps λ = 1 (``sum``)."""
+    if len(labels) == 0:
+        return 1.0
+    p = private_logits.detach().cpu().double()
+    g = global_logits.detach().cpu().double()
+    y = labels.detach().cpu().long().unsqueeze(1)
+
+    def loss(weight: float) -> float:
+        return float(F.cross_entropy(p + weight * g, y.squeeze(1)))
+
+    weight, current = 1.0, loss(1.0)
+    for _ in range(iterations):
+        probs = torch.softmax(p + weight * g, dim=1)
+        expected = (probs * g).sum(1)
+        slope = float((expected - g.gather(1, y).squeeze(1)).mean())
+        curvature = float(((probs * g * g).sum(1) - expected**2).mean())
+        if curvature <= 1e-12:
+            break
+        step = slope / curvature
+        candidate = max(0.0, weight - step)
+        while loss(candidate) > current and abs(candidate - weight) > 1e-9:
+            candidate = (candidate + weight) / 2
+        if abs(candidate - weight) <= 1e-9:
+            break
+        weight, current = candidate, loss(candidate)
+    return weight

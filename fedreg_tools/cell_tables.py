@@ -1,5 +1,6 @@
 """Each cell over its seeds (``cells.md`` of a report): best and last-rounds mean of G and
-P, the difference from a reference cell seed by seed, and how the worst clients fare.
+P, the difference from a reference cell seed by seed, how the worst clients fare, and,
+where runs held clients out (``new-client-fraction``), how the new clients fare.
 
 Why: a cell's best figure alone hides two things a comparison of methods needs. A best
 that one lucky round made says less than the mean of the last rounds; and a mean personal
@@ -52,6 +53,21 @@ def worst_and_bottom_decile(run: RunResult) -> tuple[float, float] | None:
     return figures["personal_accuracy_worst"], figures["personal_accuracy_bottom_decile"]
 
 
+#: The held-out clients' figures, per evaluated round (``new-client-fraction``).
+NEW_CLIENT_FIGURES = ("new_client_personal_accuracy", "new_client_global_accuracy")
+
+
+def has_new_clients(results: Sequence[RunResult]) -> bool:
+    """Whether some run reports held-out new clients."""
+    return any(run.series(NEW_CLIENT_FIGURES[0])[1] for run in results)
+
+
+def last_rounds_mean(run: RunResult, metric: str) -> float | None:
+    """The mean of a per-round figure over the last :data:`LAST_ROUNDS` evaluated rounds."""
+    _, values = run.series(metric)
+    return statistics.fmean(values[-LAST_ROUNDS:]) if values else None
+
+
 def _column(runs: Sequence[RunResult], figure) -> list[float]:
     return [value for value in map(figure, runs) if value is not None]
 
@@ -64,6 +80,9 @@ def cells_table(results: Sequence[RunResult], reference: str, personal: str = "a
     header = ["experiment", "cell", "seeds", "G best", "G last 10", "P best", "P last 10",
               f"ΔG best vs {reference}", f"ΔP best vs {reference}", "P worst client",
               "P bottom 10%"]  # fmt: skip
+    new_clients = has_new_clients(results)
+    if new_clients:
+        header += ["new clients P last 10", "new clients G last 10"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     experiments: dict[str, list[RunResult]] = {}
     for run in results:
@@ -89,6 +108,9 @@ def cells_table(results: Sequence[RunResult], reference: str, personal: str = "a
                 row.append(mean_std(deltas, signed=True))
             tails = _column(group, worst_and_bottom_decile)
             row += [mean_std([w for w, _ in tails]), mean_std([d for _, d in tails])]
+            if new_clients:
+                row += [mean_std(_column(group, lambda r, m=metric: last_rounds_mean(r, m)))
+                        for metric in NEW_CLIENT_FIGURES]  # fmt: skip
             lines.append("| " + " | ".join(row) + " |")
     note = (
         f"Percent, mean ± std over seeds. *best*: the highest round; *last {LAST_ROUNDS}*: the "
@@ -97,4 +119,11 @@ def cells_table(results: Sequence[RunResult], reference: str, personal: str = "a
         "client's personal accuracy and the mean of the lowest tenth of the clients at the "
         "last round that evaluated every client."
     )
+    if new_clients:
+        note += (
+            f" *new clients*: the clients held out of training (`new-client-fraction`), "
+            f"the mean over the last {LAST_ROUNDS} evaluated rounds of their personal "
+            "accuracy after one local round from the global model, and of the global "
+            "model's on their test splits."
+        )
     return "\n".join(lines) + "\n\n" + note + "\n"

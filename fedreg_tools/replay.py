@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fedreg_app.core.checkpoint import committed_round
-from fedreg_app.core.config import ConfigError, as_ran, earlier_meanings
+from fedreg_app.core.config import ConfigError, RunConfig, as_ran, earlier_meanings
 from fedreg_app.core.environment import client_devices, describe_environment, environment_note
 from fedreg_app.core.metrics import INIT_MODEL_SHA256, first_line, record_problem, status_problem
 from fedreg_tools.launcher import (
@@ -184,7 +184,9 @@ def replay_config(
 ) -> tuple[dict[str, Any], list[str]]:
     """The recorded config as it ran, with fresh ``results-dir`` / ``state-dir`` under
     ``out``, no ``resume`` and the ``--set`` paths; validated before any work. Returns it
-    and notes for the user (keys the file does not record run with today's defaults)."""
+    and notes for the user: the keys of the shared config and of the recorded algorithm
+    that the file does not record run with today's defaults (another algorithm's keys
+    change nothing and are not named)."""
     from fedreg_app.registry import CATALOG, load_config  # the algorithms bring torch
 
     refused = sorted(set(overrides) - set(SETTABLE))
@@ -214,9 +216,10 @@ def replay_config(
         load_config({**declared, **config})
     except ConfigError as err:
         raise ConfigError(f"the config recorded in {recording.path}: {err}") from None
+    its_keys = {*RunConfig.core_keys(), *CATALOG[recorded["algo"]].declared()}
     notes = [
         f"{key} is not recorded; the replay uses today's default {declared[key]!r}"
-        for key in declared if key not in recorded
+        for key in declared if key not in recorded and key in its_keys
     ] + [
         f"{key} is not recorded: the version that made the run had no such key and ran as "
         f"{key}={value!r} (today's default {declared.get(key)!r}); so does the replay"

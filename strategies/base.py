@@ -131,6 +131,9 @@ class PersonalizedStrategy(Strategy):
         self.partitions = PartitionMap(0)
         self.last_sampled: list[int] = []
         self._current: dict[str, np.ndarray] = {}
+        #: This round's training replies decoded, by ``id`` of the message (kept with it,
+        #: so that an id is never reused for another message): see :meth:`reply_arrays`.
+        self._decoded: dict[int, tuple[Message, dict[str, np.ndarray]]] = {}
         #: The server's model, once ``prepare_model`` has been given it.
         self.model: SplitModel | None = None
         #: What accepted replies said, which later replies must repeat (checkpointed).
@@ -162,12 +165,7 @@ class PersonalizedStrategy(Strategy):
                 f"global-eval={config.global_eval!r} is not allowed with "
                 f"algo={config.algo!r}, which has no global model: expected 'auto'"
             )
-        cls.check_robustness(config)
-
-    @classmethod
-    def check_robustness(cls, config: RunConfig) -> None:
-        """A robust rule needs updates to aggregate."""
-        if config.aggregation != "mean" and not cls.group_weights:
+        if config.aggregation != "mean" and not cls.group_weights:  # nothing to aggregate
             raise ConfigError(
                 f"aggregation={config.aggregation!r} is not allowed with "
                 f"algo={config.algo!r}: no client update reaches the server; expected 'mean'"
@@ -314,6 +312,7 @@ class PersonalizedStrategy(Strategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self._current = from_record(arrays)
+        self._decoded.clear()
         self.last_sampled = self.sample_partitions(server_round)
         sent = self.arrays_to_send(self._current, server_round)
         config[SERVER_ROUND] = server_round
@@ -344,12 +343,21 @@ class PersonalizedStrategy(Strategy):
         """Parameters of this round's global model (bounds a reply's trained count)."""
         return sum(int(v.size) for v in self._current.values())
 
+    def reply_arrays(self, msg: Message) -> dict[str, np.ndarray]:
+        """A training reply's arrays, decoded once a round: its checks, the bound on its
+        update and the aggregation read the same arrays, none of them writes into them."""
+        kept = self._decoded.get(id(msg))
+        if kept is None or kept[0] is not msg:
+            kept = (msg, from_record(msg.content[ARRAYS]))
+            self._decoded[id(msg)] = kept
+        return kept[1]
+
     def train_reply_problem(self, msg: Message, partition_id: int, server_round: int) -> str:
         """Why a training reply cannot be aggregated ("" if it can): see
         :func:`strategies.replies.train_reply_problem`."""
         return train_reply_problem(
             msg, partition_id, self.facts, self.ledger, self.group_weights.values(),
-            self.expected_reply_arrays(server_round), self.model_size(),
+            self.expected_reply_arrays(server_round), self.model_size(), self.reply_arrays,
         )  # fmt: skip
 
     def aggregate_train(
@@ -365,7 +373,7 @@ class PersonalizedStrategy(Strategy):
                 "the global model is kept as it was", server_round, len(valid),
                 self.config.min_train_replies)  # fmt: skip
             return None, None
-        updates = [(from_record(msg.content[ARRAYS]), dict(msg.content[METRICS])) for msg in valid]
+        updates = [(self.reply_arrays(msg), dict(msg.content[METRICS])) for msg in valid]
         merged = {**self._current, **self.aggregate_updates(server_round, updates)}
         return to_record(merged), MetricRecord(training_summary([m for _, m in updates]))
 
@@ -391,7 +399,7 @@ class PersonalizedStrategy(Strategy):
         if factor == 0 or not replies:
             return {}
         checked = bound(
-            [from_record(msg.content[ARRAYS]) for msg in replies],
+            [self.reply_arrays(msg) for msg in replies],
             [msg.content[METRICS] for msg in replies],
             self._current, self.group_weights, factor, self.ledger.norm_medians,
         )  # fmt: skip

@@ -10,7 +10,7 @@ from the replies (each partition's aggregation weights and test-split size) is k
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,11 +94,13 @@ def train_reply_problem(
     weight_keys: Iterable[str],
     expected: Mapping[str, np.ndarray],
     model_size: int,
+    arrays_of: Callable[[Message], Mapping[str, np.ndarray]] | None = None,
 ) -> str:
     """Why a training reply cannot be aggregated ("" if it can): it must carry exactly
     the ``expected`` arrays, all finite, and sound sample counts (the metrics
     ``weight_keys`` that weight its groups) from the partition the message went to. An
-    accepted reply's weights go into the ledger."""
+    accepted reply's weights go into the ledger. ``arrays_of`` decodes the reply's
+    arrays (the strategy's, which keeps them for the round); None: decoded here."""
     if ARRAYS not in msg.content.array_records or METRICS not in msg.content.metric_records:
         return "reply lacks its arrays or metrics"
     if problem := data_problem(msg, partition_id, facts):
@@ -119,7 +121,8 @@ def train_reply_problem(
                 f"metric {key}={metrics[key]!r}, but partition {partition_id} said "
                 f"{earlier[key]!r} before (a partition's data is fixed for a run)"
             )
-    problem = arrays_problem(from_record(msg.content[ARRAYS]), expected)
+    arrays = arrays_of(msg) if arrays_of is not None else from_record(msg.content[ARRAYS])
+    problem = arrays_problem(arrays, expected)
     if not problem:
         ledger.train_weights.setdefault(partition_id, {}).update(
             {key: float(metrics[key]) for key in keys}

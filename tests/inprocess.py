@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Error, Message, MessageType, RecordDict
+from flwr.app import Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.serde import (
     context_from_proto,
     context_to_proto,
@@ -34,7 +34,8 @@ from flwr.supercore.task_identity import TaskIdentity
 from fedreg_app import client_app, server_app
 from fedreg_app.core import data
 from fedreg_app.core.persist import load_arrays
-from fedreg_app.core.protocol import CONFIG, SERVER_ROUND
+from fedreg_app.core.protocol import ARRAYS, CONFIG, METRICS, PARTITION_ID, SERVER_ROUND
+from fedreg_app.core.records import to_record
 
 #: A fault: given the message and the honest reply (None if the client raised), the
 #: reply to deliver (None: no reply at all).
@@ -202,11 +203,28 @@ class InProcessGrid:
         return [reply for _, reply in pulled] + again
 
 
+def as_a_task(run_id: int = 1) -> None:
+    """Set Flower's task identity as a ServerApp's or ClientApp's process has it: a
+    Message can be built only then."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
+
+
+def train_reply(partition: int, arrays: Mapping[str, np.ndarray], **metrics: Any) -> Message:
+    """A training reply from ``partition``'s node, as the ServerApp hands a checked one to
+    the strategy: its arrays, and its partition and ``metrics`` as its metrics."""
+    as_a_task()
+    content = RecordDict({
+        ARRAYS: to_record(dict(arrays)),
+        METRICS: MetricRecord({PARTITION_ID: partition, **metrics}),
+    })  # fmt: skip
+    return Message(content, dst_node_id=1000 + partition, message_type=MessageType.TRAIN)
+
+
 def run_server(
     run_config: dict[str, Any], num_partitions: int = 4, run_id: int = 1, **grid_options: Any
 ) -> tuple[InProcessGrid, BaseException | None]:
     """Run the ServerApp to its end (or its death); returns the grid and what stopped it."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 1, 1
+    as_a_task(run_id)
     grid = InProcessGrid(run_config, num_partitions, **grid_options)
     context = Context(run_id=run_id, node_id=1, node_config={}, state=RecordDict(),
                       run_config=dict(run_config))  # fmt: skip

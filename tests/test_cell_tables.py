@@ -53,3 +53,16 @@ def test_the_table_gives_mean_std_over_seeds_and_paired_differences() -> None:
 def test_without_the_reference_cell_the_differences_are_left_blank() -> None:
     lines = cells_table([run("a", 0, [0.5], [0.6])], "fedreg").splitlines()
     assert lines[2] == "| e | a | 1 | 50.00 | 50.00 | 60.00 | 60.00 | – | – | – | – |"
+
+
+def test_runs_with_held_out_clients_add_their_last_ten_rounds_mean() -> None:
+    held_out = run("a", 0, [0.5, 0.6], [0.6, 0.7])
+    for record, (p, g) in zip(held_out.document["rounds"], [(0.8, 0.3), (0.9, 0.5)], strict=True):
+        record["new_client_personal_accuracy"] = p
+        record["new_client_global_accuracy"] = g
+    lines = cells_table([held_out, run("b", 0, [0.5], [0.6])], "fedreg").splitlines()
+    assert lines[0].endswith("| new clients P last 10 | new clients G last 10 |")
+    assert lines[2].endswith("| – | – | 85.00 | 40.00 |")  # (0.8 + 0.9) / 2, (0.3 + 0.5) / 2
+    assert lines[3].endswith("| – | – | – | – |")  # a run without them
+    assert "*new clients*" in cells_table([held_out], "fedreg")
+    assert "new clients" not in cells_table([run("b", 0, [0.5], [0.6])], "fedreg")

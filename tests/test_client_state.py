@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from clients.fedbabu_deviation import FINETUNE_PHASE
 from fedreg_app import client_app
@@ -34,7 +33,7 @@ from fedreg_app.core.protocol import (
     STATE_SECONDS,
 )
 from fedreg_app.core.records import from_record, to_record
-from tests.inprocess import over_the_wire, results, run_server
+from tests.inprocess import as_a_task, over_the_wire, results, run_server
 
 
 def record(value: float) -> Any:
@@ -199,7 +198,7 @@ def _restored(folder: Path, upto: int) -> RecordDict:
 def node_context(run_config: dict[str, Any], partition_id: int = 0) -> Context:
     """A node's context as Flower hands it to the ClientApp (a fresh one per message,
     as a deployed node's process gets)."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    as_a_task()
     return Context(run_id=1, node_id=1000 + partition_id, state=RecordDict(),
                    run_config=dict(run_config),
                    node_config={"partition-id": partition_id, "num-partitions": 4})  # fmt: skip

@@ -86,6 +86,27 @@ def test_fedreg_on_a_superlink_and_three_supernodes(
         assert list((tmp_path / f"device{i}" / "data").glob("*/partition-*.npz"))
 
 
+#: The recent methods: FedALA, FedCP, FedDBE, FedAS, FedAvg with fine-tuning.
+RECENT_METHODS = ("fedala", "fedcp", "feddbe", "fedas", "fedavg-ft")
+
+
+def test_the_recent_methods_run_on_the_same_superlink_and_supernodes(
+    deployment: LocalDeployment, grey_dataset: Path, tmp_path: Path
+) -> None:
+    """Each of the recent five, one run after the other on one deployment: each completes
+    with every device trained and evaluated in every round."""
+    for algo in RECENT_METHODS:
+        results_dir = tmp_path / "results" / algo
+        log = deployment.run(run_config(grey_dataset, results_dir, rounds=2, algo=algo),
+                             timeout=900)  # fmt: skip
+        results = results_in(results_dir)
+        assert results.get("run", {}).get("status") == "completed", (algo, log[-3000:])
+        assert results["config"]["algo"] == algo
+        assert all(r["sampled_clients"] == [0, 1, 2] for r in results["rounds"]), algo
+        assert sorted(results["rounds"][-1]["client_accuracies"]) == ["0", "1", "2"], algo
+        assert results["rounds"][-1]["global_accuracy"] is not None, algo
+
+
 def test_a_killed_supernode_rejoins_with_its_private_head(
     deployment: LocalDeployment, grey_dataset: Path, tmp_path: Path
 ) -> None:

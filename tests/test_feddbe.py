@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import Message, MessageType, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import Message, RecordDict
 
 from clients.base import TrainResult
 from clients.feddbe import (
@@ -25,10 +24,11 @@ from clients.feddbe import (
 from fedreg_app.core.checkpoint import Checkpoint
 from fedreg_app.core.config import ConfigError, RunConfig
 from fedreg_app.core.models import BASE, EXTRA, HEAD_G, SplitModel, build_model, initial_model
-from fedreg_app.core.protocol import ARRAYS, METRICS, NUM_EXAMPLES, NUM_PROCESSED, PARTITION_ID
-from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.protocol import NUM_EXAMPLES, NUM_PROCESSED
+from fedreg_app.core.records import from_record
 from fedreg_app.registry import load_config
 from strategies.feddbe import FedDBEStrategy
+from tests.inprocess import train_reply
 from tests.test_clients import INFO, group, same
 from tests.test_clients import make_setup as make_any_setup
 
@@ -223,24 +223,14 @@ def make_strategy(**config) -> FedDBEStrategy:
     return strategy
 
 
-def train_reply(partition: int, examples: int, arrays: dict[str, np.ndarray]) -> Message:
-    """A checked training reply, as the ServerApp hands it to the strategy."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as run_server
-    content = RecordDict({
-        ARRAYS: to_record(arrays),
-        METRICS: MetricRecord({PARTITION_ID: partition, NUM_EXAMPLES: examples,
-                               NUM_PROCESSED: examples}),
-    })  # fmt: skip
-    return Message(content, dst_node_id=1000 + partition, message_type=MessageType.TRAIN)
-
-
 def replies(strategy: FedDBEStrategy, server_round: int, means: list) -> list[Message]:
     """Two clients (10 and 30 samples) with shifted weights and, where given, m_k."""
     shared = strategy.expected_reply_arrays(server_round)
     out = []
     for partition, (examples, mean) in enumerate(zip((10, 30), means, strict=True)):
         arrays = {k: v + partition + 1 for k, v in shared.items() if k != MEAN_KEY}
-        out.append(train_reply(partition, examples, {**arrays, **mean}))
+        counts = {NUM_EXAMPLES: examples, NUM_PROCESSED: examples}
+        out.append(train_reply(partition, {**arrays, **mean}, **counts))
     return out
 
 

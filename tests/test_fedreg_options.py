@@ -28,6 +28,7 @@ from clients.fedreg import (
     FedReGClient,
     FedReGOptions,
     Step,
+    fitted_global_weight,
 )
 from clients.rebalance import (
     auto_threshold,
@@ -557,6 +558,74 @@ def test_kept_global_on_a_client_that_never_trained_uses_the_received_head_g() -
     assert kept.kept_head_g is None
     z = torch.randn(5, 384)
     assert torch.equal(kept.personal_head(z), summed.personal_head(z))
+
+
+def test_weighted_and_learned_train_as_sum() -> None:
+    summed = two_rounds(FedReGClient, **{"local-epochs": 2})
+    for personal in ("weighted", "learned"):
+        mixed = two_rounds(FedReGClient, **{"fedreg-personal": personal, "local-epochs": 2})
+        assert same(mixed[0], summed[0]) and mixed[2] == summed[2], personal
+        assert set(mixed[1]) == set(summed[1]), personal
+
+
+def test_weighted_evaluates_head_p_plus_lambda_times_the_received_head_g() -> None:
+    config = {"fedreg-personal": "weighted", "fedreg-personal-weight": 0.25}
+    state = RecordDict()
+    trained_client(state, **config)
+    client = FedReGClient(make_setup(state, **config))
+    counts = client.evaluate(global_arrays(1), 2)
+    model = client.model
+    x = client.data.test.x.float() / 127.5 - 1
+    with torch.no_grad():
+        z = model.base(x)
+        expected = 0.25 * model.head_g(z) + model.head_p(z)
+        assert torch.equal(client.personal_head(z), expected)
+    assert client.global_weight == 0.25
+    assert counts[PERSONAL_CORRECT] == int((expected.argmax(1) == client.data.test.y).sum())
+
+
+def test_learned_evaluates_with_the_weight_fitted_on_the_train_split() -> None:
+    state = RecordDict()
+    trained_client(state, **{"fedreg-personal": "learned"})
+    client = FedReGClient(make_setup(state, **{"fedreg-personal": "learned"}))
+    counts = client.evaluate(global_arrays(1), 2)
+    model = client.model
+    train_x = client.data.train.x.float() / 127.5 - 1
+    with torch.no_grad():
+        z = model.base(train_x)
+        weight = fitted_global_weight(model.head_p(z), model.head_g(z), client.data.train.y)
+        assert client.global_weight == weight
+        test_z = model.base(client.data.test.x.float() / 127.5 - 1)
+        expected = weight * model.head_g(test_z) + model.head_p(test_z)
+        assert torch.allclose(client.personal_head(test_z), expected)
+    assert counts[PERSONAL_CORRECT] == int((expected.argmax(1) == client.data.test.y).sum())
+
+
+def test_the_fitted_weight_is_the_cross_entropys_minimum_over_nonnegative_weights() -> None:
+    generator = torch.Generator().manual_seed(0)
+    private, shared = (
+        torch.randn(400, 10, generator=generator),
+        torch.randn(400, 10, generator=generator),
+    )
+    # labels drawn from softmax(private + 0.6 shared): the minimum lies near 0.6
+    labels = torch.multinomial(torch.softmax(private + 0.6 * shared, 1), 1, generator=generator)[
+        :, 0
+    ]
+    weight = fitted_global_weight(private, shared, labels)
+
+    def loss(w: float) -> float:
+        return float(F.cross_entropy((private + w * shared).double(), labels))
+
+    assert 0.4 < weight < 0.8
+    assert all(loss(weight) <= loss(weight + d) + 1e-12 for d in (-1e-3, 1e-3, -0.1, 0.1))
+    # a global head that only hurts: the projection keeps λ at 0
+    assert fitted_global_weight(private, -shared - 3 * F.one_hot(labels, 10), labels) == 0.0
+    assert fitted_global_weight(private[:0], shared[:0], labels[:0]) == 1.0
+
+
+def test_the_personal_weight_must_not_be_negative() -> None:
+    with pytest.raises(ConfigError, match="fedreg-personal-weight"):
+        load_config({"algo": "fedreg", "fedreg-personal-weight": -0.5})
 
 
 def test_a_kept_head_g_of_the_wrong_shape_is_refused() -> None:

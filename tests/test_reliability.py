@@ -22,7 +22,6 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedreg_app import client_app, nodes
 from fedreg_app.core.checkpoint import Checkpoint
@@ -60,6 +59,7 @@ from tests.inprocess import (
     Fault,
     InProcessGrid,
     ServerKilled,
+    as_a_task,
     assert_same_arrays,
     client_states,
     error_reply,
@@ -933,7 +933,7 @@ def test_resume_of_an_algorithm_with_client_state_needs_a_state_dir(
 def test_a_crafted_state_key_cannot_reach_outside_the_state_dir(
     key: str, base: dict[str, Any], tmp_path: Path
 ) -> None:
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    as_a_task()
     state_dir = tmp_path / "state" / "inner"
     run_config = {**base, "state-dir": str(state_dir)}
     context = Context(run_id=1, node_id=7, state=RecordDict(), run_config=run_config,
@@ -972,7 +972,7 @@ def test_a_crafted_global_model_is_refused_by_the_client_and_nothing_is_saved(
     holds NaN, a shape that would broadcast or another dtype is refused before any
     training, and the device's private state stays round 1's (a NaN base would otherwise
     have been trained on and saved as its private head, for good)."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    as_a_task()
     state_dir = tmp_path / "state"
     context = Context(run_id=1, node_id=7, state=RecordDict(),
                       run_config={**base, "state-dir": str(state_dir)},
@@ -1186,7 +1186,7 @@ def test_discovery_says_what_it_waits_for_and_asks_a_failing_node_again_only_now
     word."""
     monkeypatch.setattr(nodes, "DISCOVERY_NOTE_S", 0.0)
     monkeypatch.setattr(nodes, "QUERY_RETRY_S", 60.0)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # as run_server
+    as_a_task()
     grid = LateNodeGrid(base)
     with caplog.at_level("INFO"):
         partitions, _ = nodes.discover_partitions(grid, timeout=30)

@@ -224,6 +224,15 @@ def test_the_replay_runs_the_recorded_config_in_fresh_folders(
     assert config["state-dir"] == str(tmp_path / "out" / "state")
     assert config["dataset-path"] == str(data.resolve())
     assert any(n.startswith("lr is not recorded") for n in notes)
+    # FedAvg's record: other algorithms' keys change nothing, and are not named
+    assert not any(n.startswith(("ft-epochs", "fedreg-personal", "prox-mu")) for n in notes)
+
+
+def test_the_replay_names_the_recorded_algorithms_own_keys_it_lacks(tmp_path: Path) -> None:
+    path = results_file(tmp_path, algo="fedreg")
+    _, notes = replay_config(read_recording(path), {}, tmp_path / "out", DECLARED)
+    assert any(n.startswith("fedreg-personal is not recorded") for n in notes)
+    assert not any(n.startswith("ft-epochs") for n in notes)
 
 
 # ------------------------------------------------------------- comparison

@@ -9,12 +9,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import RecordDict
+from flwr.app import Array, ConfigRecord, RecordDict
 
 from clients.attacks import REPLAYED_UPDATE, attackers, flipped, lie
 from fedreg_app.core.config import ConfigError
 from fedreg_app.core.data import TensorData
-from fedreg_app.core.protocol import NUM_EXAMPLES
+from fedreg_app.core.protocol import (
+    EFFECTIVE_EXAMPLES,
+    NUM_EXAMPLES,
+    NUM_PROCESSED,
+)
+from fedreg_app.core.records import from_record, to_record
 from fedreg_app.registry import load_config
 from strategies.fedreg import FedReGStrategy
 from strategies.robust import (
@@ -25,7 +30,7 @@ from strategies.robust import (
     robust_aggregate,
     trimmed_mean,
 )
-from tests.inprocess import final_model, results, run_server
+from tests.inprocess import final_model, results, run_server, train_reply
 
 CURRENT = {"base.0.weight": np.zeros((2, 2), np.float32), "head_g.0.bias": np.zeros(2, np.float32)}
 
@@ -135,6 +140,24 @@ def test_the_bound_is_nan_safe_and_off_at_zero() -> None:
     assert list(norm_outliers([1.0, 1.0, float("inf")], [1, 1, 1], factor=100)) == [2]
     strategy = FedReGStrategy(config(**{"update-norm-factor": 0.0}))
     assert strategy.norm_outliers([object()]) == {}  # off: the replies are not even read
+
+
+def test_checks_bound_and_aggregation_decode_each_reply_once(monkeypatch) -> None:
+    strategy = FedReGStrategy(config())
+    strategy._current = dict(CURRENT)
+    counts = {NUM_EXAMPLES: 10, EFFECTIVE_EXAMPLES: 5, NUM_PROCESSED: 20}
+    messages = [train_reply(i, reply(v, v), **counts) for i, v in enumerate((1.0, 2.0, 3.0))]
+    decoded = []
+    numpy = Array.numpy
+    monkeypatch.setattr(Array, "numpy", lambda self: decoded.append(self) or numpy(self))
+    for msg in messages:  # what the reply checks read
+        assert strategy.reply_arrays(msg) is strategy.reply_arrays(msg)
+    assert strategy.norm_outliers(messages) == {}
+    aggregated, _ = strategy.aggregate_train(1, messages)
+    assert len(decoded) == 2 * len(messages)  # two arrays a reply, each decoded once
+    np.testing.assert_allclose(from_record(aggregated)["base.0.weight"], 2.0)
+    strategy.configure_train(2, to_record(CURRENT), ConfigRecord(), grid=None)
+    assert strategy._decoded == {}  # a new round decodes its own replies
 
 
 # ------------------------------------------------------------------ bad input
