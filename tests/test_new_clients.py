@@ -10,6 +10,7 @@ import pytest
 
 from clients.fedper import FedPerClient
 from fedreg_app.core.config import ConfigError
+from fedreg_app.core.metrics import record_problem
 from fedreg_app.core.models import HEAD_G
 from fedreg_app.core.new_clients import held_out, held_out_count
 from fedreg_app.core.protocol import NUM_TEST, PERSONAL_CORRECT
@@ -101,3 +102,7 @@ def test_a_new_client_never_trains_and_is_reported_apart(
     last = document["rounds"][-1]
     assert document["final_new_client_personal_accuracy"] == last["new_client_personal_accuracy"]
     assert document["run"]["status"] == "completed"
+    # the record is one a report and a replay read: its coverage is of the three
+    assert record_problem(document) is None
+    document["rounds"][0]["personal_coverage"]["of_clients"] = 4
+    assert "expected clients <= of_clients = 3" in record_problem(document)

@@ -39,6 +39,7 @@ from fedreg_app.core.figures import (
     SUMMARISED,
     summarised_figures,
 )
+from fedreg_app.core.new_clients import held_out_count
 from fedreg_app.core.persist import json_text, write_text_atomic
 from fedreg_app.core.tensorboard_log import TensorBoardLog
 
@@ -231,11 +232,14 @@ TOTAL_OF = {
 }
 
 
-def round_problem(record: Any, number: int, clients: int | None = None) -> str | None:
+def round_problem(
+    record: Any, number: int, clients: int | None = None, participants: int | None = None
+) -> str | None:
     """Why a results file's record of round ``number`` cannot be read as one (None when it
     can): a report and a replay publish or compare what it says, so a value out of range
     or a round out of place (a hand edit, a damaged copy) is refused, not used. With
-    ``clients`` (the run's), partition ids and the coverage are checked against it."""
+    ``clients`` (the run's), partition ids are checked against it, and the coverage
+    against ``participants`` (the clients not held out as new ones; default: all)."""
     if not isinstance(record, dict) or record.get("round") != number:
         return f"rounds[{number - 1}] is not the record of round {number}"
     for key in ACCURACY_FIELDS:
@@ -253,18 +257,22 @@ def round_problem(record: Any, number: int, clients: int | None = None) -> str |
     for key in COUNT_FIELDS:
         if key in record and not is_whole(record[key]):
             return f"round {number}: {key} is {record[key]!r}; expected an integer >= 0"
-    return clients_problem(record, number, clients)
+    return clients_problem(record, number, clients, participants)
 
 
 #: A partition id as a JSON key: ``0``, ``1``, ... (``01`` would be client 1 twice).
 PARTITION_KEY = re.compile(r"0|[1-9][0-9]*")
 
 
-def clients_problem(record: dict[str, Any], number: int, clients: int | None) -> str | None:
+def clients_problem(
+    record: dict[str, Any], number: int, clients: int | None, participants: int | None = None
+) -> str | None:
     """The round's client lists: sampled partitions distinct, each client's accuracy a
     fraction, every partition id below the run's number of clients, and the coverage of
-    that many clients."""
+    the ``participants`` (default: all of them)."""
     bound = f" below num_clients={clients}" if clients is not None else ""
+    if participants is None:
+        participants = clients
 
     def partition(value: Any) -> bool:
         return is_whole(value) and (clients is None or value < clients)
@@ -288,8 +296,8 @@ def clients_problem(record: dict[str, Any], number: int, clients: int | None) ->
         covered, of = (coverage.get(k) if isinstance(coverage, dict) else None
                        for k in ("clients", "of_clients"))  # fmt: skip
         if not (is_whole(covered) and is_whole(of) and covered <= of
-                and (clients is None or of == clients)):  # fmt: skip
-            equal = "" if clients is None else f" = {clients}"
+                and (participants is None or of == participants)):  # fmt: skip
+            equal = "" if participants is None else f" = {participants}"
             return (f"round {number}: personal_coverage is {coverage!r}; expected "
                     f"clients <= of_clients{equal}")  # fmt: skip
     return None
@@ -315,8 +323,14 @@ def record_problem(document: Any, ended_after: EndedAfter | None = None) -> str 
         return f"run.num_clients is {clients!r}; expected an integer >= 1"
     if not isinstance(rounds, list):
         return "rounds is not a list"
+    fraction = config.get("new-client-fraction") or 0.0
+    if not (is_real(fraction) and 0 <= fraction < 1):
+        return f"config.new-client-fraction is {fraction!r}; expected a fraction in [0, 1)"
+    participants = clients - held_out_count(fraction, clients)  # the new clients apart
     for number, record in enumerate(rounds, start=1):
-        problem = round_problem(record, number, clients) or coverage_problem(record, run)
+        problem = round_problem(record, number, clients, participants) or coverage_problem(
+            record, run
+        )
         if problem:
             return problem
     planned = planned_rounds(document, ended_after)
