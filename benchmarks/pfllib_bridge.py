@@ -140,13 +140,15 @@ def git_commit(path: str) -> str:
 
 
 def run_worker(
-    script: Path, name: str, python: str, spec_path: Path, cwd: Path, extra: Sequence[str] = ()
-) -> dict[str, Any]:
-    """Run ``script --worker name`` in the peer's interpreter; its JSON result, or
-    ``{"error": <the last lines of its output>}``."""
+    script: Path, name: str, python: str, spec_path: Path, cwd: Path, extra: Sequence[str] = (),
+    launcher: Sequence[str] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """Run ``script --worker name`` in the peer's interpreter (through ``launcher``'s
+    module arguments, e.g. ``-m torch.distributed.run ...``, where given); its JSON
+    result, or ``{"error": <the last lines of its output>}``."""
     out = spec_path.parent / f"{name}-result.json"
     out.unlink(missing_ok=True)
-    command = [python, str(script.resolve()), "--worker", name,
+    command = [python, *launcher, str(script.resolve()), "--worker", name,
                "--spec", str(spec_path), "--out", str(out), *extra]  # fmt: skip
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     try:

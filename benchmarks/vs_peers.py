@@ -22,8 +22,10 @@ shown apart; pfl: the central evaluation callback; ours: ``results.json``).
 
 ``--pfllib``: a PFLlib clone (its ``system/`` folder is imported; PFLlib needs ``h5py``,
 ``scikit-learn`` and ``matplotlib`` next to torch). ``--pfl-python``: an interpreter that
-has ``pfl`` (and torch). A peer that is not given, or cannot run, is skipped with the
-reason.
+has ``pfl`` (and torch); pfl runs twice, as one process with all the threads, and in its
+documented multi-process mode under ``torchrun`` (``--pfl-workers``, 2: the cohort and the
+central evaluation sharded across the workers, the threads shared among them). A peer that
+is not given, or cannot run, is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def prepare(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         "lr": args.lr,
         "batch_size": args.batch_size,
         "threads": args.threads,
+        "workers": args.pfl_workers,
         "schedule": schedule,
         "channels": info.channels,
         "height": info.height,
@@ -139,9 +142,23 @@ def run_ours(link: Any, args: argparse.Namespace, spec: dict[str, Any], index: i
 
 
 # ------------------------------------------------------------------ peers (subprocesses)
+#: pfl in its documented multi-process mode: ``torchrun`` starts the workers, pfl shards
+#: each cohort and the central evaluation across them (``torch.distributed``, gloo).
+PFL_TORCHRUN = "pfl-torchrun"
+
+
 def run_peer(name: str, python: str, spec_path: Path, cwd: Path) -> dict[str, Any]:
-    """Run a worker of this script in the peer's interpreter; its JSON result or the error."""
-    return run_worker(Path(__file__), name, python, spec_path, cwd)
+    """Run a worker of this script in the peer's interpreter; its JSON result or the error.
+    ``pfl-torchrun``: pfl's worker under ``torchrun`` with the spec's ``workers``
+    processes, each with its share of the threads; rank 0 reports."""
+    if name != PFL_TORCHRUN:
+        return run_worker(Path(__file__), name, python, spec_path, cwd)
+    spec = json.loads(spec_path.read_text())
+    workers = spec["workers"]
+    shared = spec_path.with_name("spec-torchrun.json")
+    shared.write_text(json.dumps({**spec, "threads": max(1, spec["threads"] // workers)}))
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={workers}"]
+    return run_worker(Path(__file__), "pfl", python, shared, cwd, launcher=launcher)
 
 
 def load_initial(model: Any, folder: Path) -> None:
@@ -320,7 +337,9 @@ def worker_main(args: argparse.Namespace) -> None:
     except Exception:
         traceback.print_exc()
         sys.exit(1)
-    Path(args.out).write_text(json.dumps(result))
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, rank 0 reports
+        result["workers"] = int(os.environ.get("WORLD_SIZE", "1"))
+        Path(args.out).write_text(json.dumps(result))
 
 
 # ------------------------------------------------------------------ report
@@ -337,7 +356,7 @@ def summarise(name: str, run: dict[str, Any], rounds: int) -> dict[str, Any]:
     else:
         round_s, eval_s, accuracy = run["round_s"], run["eval_s"], run["accuracy"]
         loss_s = []
-        if name == "pfl":  # its central evaluation skips iteration 0 (the model after round 1)
+        if name in ("pfl", PFL_TORCHRUN):  # its central evaluation skips iteration 0
             accuracy = [None, *accuracy]
     train_s = [r - e for r, e in zip(round_s, eval_s, strict=True)]
     return {
@@ -358,6 +377,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads of a peer's single process (ours: one client "
                              "process per core, one thread each)")  # fmt: skip
+    parser.add_argument("--pfl-workers", type=int, default=2,
+                        help="also run pfl under torchrun with this many worker "
+                             "processes, sharing the threads (1: one process)")  # fmt: skip
     parser.add_argument("--worker", choices=("pfllib", "pfl"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -391,6 +413,8 @@ def compare(args: argparse.Namespace) -> None:
         )
     if args.pfl_python:
         peers.append(("pfl", args.pfl_python))
+        if args.pfl_workers > 1:
+            peers.append((PFL_TORCHRUN, args.pfl_python))
     else:
         skipped["pfl"] = "--pfl-python not given"
     runs: dict[str, list[dict[str, Any]]] = {"ours": []}
@@ -455,15 +479,18 @@ def report(args: argparse.Namespace, runs: dict[str, list], skipped: dict[str, s
         print(f"{name}: skipped: {reason.splitlines()[-1] if reason else ''}")
     ours = statistics.mean(r["s"] for r in rows["ours"]) if rows["ours"] else float("nan")
     parts = [f"rounds={args.rounds}", f"clients={args.clients}", f"ours_s={ours:.2f}"]
-    for name in ("pfllib", "pfl"):
+    for name in ("pfllib", "pfl", PFL_TORCHRUN):
+        if name == PFL_TORCHRUN and name not in rows and args.pfl_workers <= 1:
+            continue
         if rows.get(name):
             theirs = statistics.mean(r["s"] for r in rows[name])
-            parts += [f"{name}_s={theirs:.2f}", f"ratio_{name}={ours / theirs:.2f}"]
+            key = name.replace("-", "_")
+            parts += [f"{key}_s={theirs:.2f}", f"ratio_{key}={ours / theirs:.2f}"]
             if name == "pfllib":
                 extra = statistics.mean(r["train_loss"] for r in rows[name])
                 parts.append(f"ratio_pfllib_without_train_loss={ours / (theirs - extra):.2f}")
         else:
-            parts.append(f"{name}=skipped")
+            parts.append(f"{name.replace('-', '_')}=skipped")
     versions = peer_versions(args)
     pfl_version = runs["pfl"][0]["pfl"] if runs.get("pfl") else "none"
     peer_torch = {r["torch"] for found in runs.values() for r in found if "torch" in r}
