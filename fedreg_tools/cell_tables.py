@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from fedreg_app.core.figures import LAST_ROUNDS, client_figures
+from fedreg_app.core.figures import LAST_ROUNDS, NEW_CLIENT_FIGURES, client_figures
 from fedreg_tools.round_tables import GLOBAL, RunResult, personal_metric
 
 
@@ -51,10 +51,6 @@ def worst_and_bottom_decile(run: RunResult) -> tuple[float, float] | None:
         return None
     figures = client_figures(clients)
     return figures["personal_accuracy_worst"], figures["personal_accuracy_bottom_decile"]
-
-
-#: The held-out clients' figures, per evaluated round (``new-client-fraction``).
-NEW_CLIENT_FIGURES = ("new_client_personal_accuracy", "new_client_global_accuracy")
 
 
 def has_new_clients(results: Sequence[RunResult]) -> bool:
