@@ -121,7 +121,7 @@ from fedreg_app.core.models import (
     checked_value,
     initial_model,
 )
-from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES
+from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES, PERSONAL_GLOBAL_WEIGHT
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.seeds import seed_int, torch_generator
 from fedreg_app.core.training import Forward, LossFn
@@ -394,9 +394,15 @@ class FedReGClient(ClientProcedure):
             logits = self.global_weight * logits
         return logits + model.head_p(features)
 
-    def count_correct(self, global_parts: tuple[nn.Module, Forward] | None) -> dict[str, int]:
+    def count_correct(
+        self, global_parts: tuple[nn.Module, Forward] | None
+    ) -> dict[str, int | float]:
+        """The counts, and with a weighted personal prediction the λ it used."""
         self.global_weight = self.personal_global_weight()
-        return super().count_correct(global_parts)
+        counts: dict[str, int | float] = {**super().count_correct(global_parts)}
+        if self.model.head_p is not None and self.options.personal in ("weighted", "learned"):
+            counts[PERSONAL_GLOBAL_WEIGHT] = self.global_weight
+        return counts
 
     def personal_global_weight(self) -> float:
         """λ of the personal prediction head_p(z) + λ·head_g(z): ``fedreg-personal-weight``

@@ -63,8 +63,11 @@ ACCURACIES = (
 )
 COMPARED = (*ACCURACIES, "sampled_clients", "num_train_examples")
 #: Compared where both records have them (older records do not): in a degraded round the
-#: answering clients' G is the round's only global figure.
-COMPARED_IF_RECORDED = ("global_accuracy_answered", "personal_accuracy_sampled")
+#: answering clients' G is the round's only global figure; FedReG's λ where it weights
+#: the received head.
+COMPARED_IF_RECORDED = (
+    "global_accuracy_answered", "personal_accuracy_sampled", "personal_global_weight",
+)  # fmt: skip
 #: Keys ``--set`` may change: where the same inputs lie on this machine, and how the same
 #: steps are launched (``cuda-graphs``: whether replayed graphs give the eager record's
 #: figures is what such a replay checks); any other key would make it a different run.

@@ -47,6 +47,7 @@ from fedreg_app.core.protocol import (
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
     PERSONAL_CORRECT,
+    PERSONAL_GLOBAL_WEIGHT,
     SERVER_ROUND,
     STATE_KEY,
 )
@@ -502,6 +503,10 @@ def evaluation_summary(
         summary.update(sampled_personal_metrics(taking_part, trained))
         if global_on_clients:
             summary["global-accuracy"] = correct_share(taking_part, GLOBAL_CORRECT)
+        weights = [float(r[PERSONAL_GLOBAL_WEIGHT]) for r in taking_part
+                   if PERSONAL_GLOBAL_WEIGHT in r]  # fmt: skip
+        if weights:  # FedReG's weighted personal prediction: the clients' mean λ
+            summary[PERSONAL_GLOBAL_WEIGHT] = float(np.mean(weights))
     if newcomers:
         summary["new-clients"] = len(newcomers)
         summary["new-client-personal-accuracy"] = correct_share(newcomers, PERSONAL_CORRECT)

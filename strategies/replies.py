@@ -31,6 +31,7 @@ from fedreg_app.core.protocol import (
     NUM_TEST,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
+    PERSONAL_GLOBAL_WEIGHT,
     STATE_ROUND,
 )
 from fedreg_app.core.records import from_record
@@ -232,7 +233,8 @@ def reply_metrics_problem(
     of ``whole`` must be whole numbers too (counts of samples)."""
     if metrics.get(PARTITION_ID) != partition_id:
         return f"{PARTITION_ID}={metrics.get(PARTITION_ID)!r}, sent to partition {partition_id}"
-    present = [key for key in (*COST_SECONDS, *COST_COUNTS) if key in metrics]
+    optional = (*COST_SECONDS, *COST_COUNTS, PERSONAL_GLOBAL_WEIGHT)
+    present = [key for key in optional if key in metrics]
     whole = {*whole, *COST_COUNTS}
     for key in (*counts, *present):
         value = metrics.get(key)

@@ -40,7 +40,12 @@ from clients.rebalance import (
 from fedreg_app.core.config import ConfigError
 from fedreg_app.core.data import PartitionKey, TensorData, client_splits
 from fedreg_app.core.models import BASE, HEAD_G, HEAD_P, build_model
-from fedreg_app.core.protocol import EFFECTIVE_EXAMPLES, NUM_PROCESSED, PERSONAL_CORRECT
+from fedreg_app.core.protocol import (
+    EFFECTIVE_EXAMPLES,
+    NUM_PROCESSED,
+    PERSONAL_CORRECT,
+    PERSONAL_GLOBAL_WEIGHT,
+)
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.registry import load_config
 from tests.test_clients import INFO, global_arrays, group, make_setup, same
@@ -580,8 +585,9 @@ def test_weighted_evaluates_head_p_plus_lambda_times_the_received_head_g() -> No
         z = model.base(x)
         expected = 0.25 * model.head_g(z) + model.head_p(z)
         assert torch.equal(client.personal_head(z), expected)
-    assert client.global_weight == 0.25
+    assert client.global_weight == 0.25 and counts[PERSONAL_GLOBAL_WEIGHT] == 0.25
     assert counts[PERSONAL_CORRECT] == int((expected.argmax(1) == client.data.test.y).sum())
+    assert PERSONAL_GLOBAL_WEIGHT not in FedReGClient(make_setup()).evaluate(global_arrays(1), 2)
 
 
 def test_learned_evaluates_with_the_weight_fitted_on_the_train_split() -> None:
@@ -594,7 +600,7 @@ def test_learned_evaluates_with_the_weight_fitted_on_the_train_split() -> None:
     with torch.no_grad():
         z = model.base(train_x)
         weight = fitted_global_weight(model.head_p(z), model.head_g(z), client.data.train.y)
-        assert client.global_weight == weight
+        assert client.global_weight == weight == counts[PERSONAL_GLOBAL_WEIGHT]
         test_z = model.base(client.data.test.x.float() / 127.5 - 1)
         expected = weight * model.head_g(test_z) + model.head_p(test_z)
         assert torch.allclose(client.personal_head(test_z), expected)
@@ -891,3 +897,26 @@ def test_without_dyn_alpha_the_server_is_fedregs_weighted_average() -> None:
     ours = strategy.aggregate_updates(1, updates)
     assert same(ours, weighted_average_by_group(updates, strategy.group_weights))
     assert strategy.h == {} and strategy.state_dict()[0] == {}
+
+
+def test_a_run_records_the_clients_mean_weight_of_the_received_head(
+    grey_dataset: Path, tmp_path: Path
+) -> None:
+    from fedreg_app.core.metrics import record_problem
+    from tests.inprocess import results, run_server
+
+    base = {"algo": "fedreg", "dataset-path": str(grey_dataset), "local-epochs": 1,
+            "fraction-train": 1.0, "min-partition-size": 5, "num-server-rounds": 2,
+            "seed": 5}  # fmt: skip
+    for personal, expected in (("weighted", 0.5), ("learned", None), ("sum", "absent")):
+        folder = tmp_path / personal
+        run_server({**base, "fedreg-personal": personal, "results-dir": str(folder)})
+        document = results(folder)
+        assert record_problem(document) is None, personal
+        weights = [r["personal_global_weight"] for r in document["rounds"]]
+        if expected == "absent":
+            assert weights == [None, None]
+        elif expected is None:  # fitted per client: a mean of numbers >= 0
+            assert all(isinstance(w, float) and w >= 0 for w in weights), weights
+        else:
+            assert weights == [expected, expected]

@@ -46,6 +46,7 @@ from fedreg_app.core.protocol import (
     NUM_TEST,
     NUM_TRAINED_PARAMS,
     PARTITION_ID,
+    PERSONAL_GLOBAL_WEIGHT,
     STATE_RESETS,
     STATE_ROUND,
 )
@@ -435,6 +436,24 @@ def test_a_crafted_evaluation_reply_is_not_counted(base: dict[str, Any], tmp_pat
     assert record["eval_failures"] == 1 and record["personal_accuracy"] is None
     assert "personal-correct" in record["errors"][0]["error"], record["errors"]
     assert evaluation(record) == evaluation(evaluated_with(base, tmp_path / "failed", 1, None))
+
+
+@pytest.mark.parametrize("weight", [-1.0, float("nan"), float("inf")])
+def test_an_evaluation_reply_with_an_impossible_head_weight_is_not_counted(
+    weight: float, base: dict[str, Any], tmp_path: Path
+) -> None:
+    """FedReG's reported λ (``personal-global-weight``) enters the round's mean: a negative
+    or non-finite one is refused with the reply, as any impossible metric is."""
+
+    def lie(msg: Message, reply: Message | None) -> Message:
+        metrics = {**dict(reply.content[METRICS]), PERSONAL_GLOBAL_WEIGHT: weight}
+        return Message(RecordDict({METRICS: MetricRecord(metrics), DATA: reply.content[DATA]}),
+                       reply_to=msg)  # fmt: skip
+
+    record = evaluated_with(base, tmp_path / "crafted", 1, lie)
+    assert record["eval_failures"] == 1, record["errors"]
+    assert PERSONAL_GLOBAL_WEIGHT in record["errors"][0]["error"], record["errors"]
+    assert record["personal_global_weight"] is None
 
 
 def test_a_reply_without_its_data_record_is_not_counted(

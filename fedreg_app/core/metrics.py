@@ -130,6 +130,9 @@ class RoundRecord:
     new_clients: int = 0
     new_client_personal_accuracy: float | None = None
     new_client_global_accuracy: float | None = None
+    #: FedReG with ``fedreg-personal`` weighted or learned: the mean over the clients that
+    #: take part of the λ their personal prediction head_p + λ·head_g used (None otherwise).
+    personal_global_weight: float | None = None
     #: Replies accepted and failed (raised, timed out or rejected by the server's checks).
     train_replies: int = 0
     train_failures: int = 0
@@ -221,7 +224,7 @@ MEASURE_FIELDS = (
     "client_state_seconds", "eval_compute_seconds", "slowest_handlers_seconds",
     "server_eval_seconds",
 )  # fmt: skip
-NULLABLE_FIELDS = ("personal_accuracy_std", "dp_epsilon")
+NULLABLE_FIELDS = ("personal_accuracy_std", "dp_epsilon", "personal_global_weight")
 #: A run's totals, each the sum of a per-round field.
 TOTAL_OF = {
     "total_bytes_to_clients": "bytes_to_clients",

@@ -73,6 +73,9 @@ EFFECTIVE_EXAMPLES = "effective-examples"  # FedReG's e_k
 NUM_TEST = "num-test"
 PERSONAL_CORRECT = "personal-correct"
 GLOBAL_CORRECT = "global-correct"  # the global model on the client's test split
+#: FedReG's λ in its personal prediction head_p + λ·head_g (``fedreg-personal`` weighted or
+#: learned): the weight the client evaluated with.
+PERSONAL_GLOBAL_WEIGHT = "personal-global-weight"
 # Cost metrics of every reply (FedSeq-style comparisons, edge budgets).
 NUM_TRAINED_PARAMS = "num-trained-params"  # distinct parameters updated this round
 COMPUTE_SECONDS = "compute-seconds"  # the procedure's own work (training or evaluation)
