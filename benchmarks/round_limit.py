@@ -70,7 +70,7 @@ from fedreg_app.core.config import RunConfig
 from fedreg_app.core.data import PartitionKey, load_client_data, load_info, normalise
 from fedreg_app.core.models import build_model
 from fedreg_app.core.partition_map import PartitionMap
-from fedreg_app.core.training import eval_batches
+from fedreg_app.core.training import eval_batches, set_denormals
 from fedreg_app.registry import load_config
 from fedreg_tools.launcher import HF_OFFLINE_ENV, LocalSuperLink, config_text, descendants
 from strategies.sampling import ClientSampler
@@ -89,7 +89,7 @@ def _start_worker(run_config: dict[str, Any], clients: int) -> None:
     """One torch thread, the run's config and data, and a warm-up, before any timing."""
     torch.set_num_threads(1)
     config = load_config(run_config)
-    torch.set_flush_denormal(config.flush_denormals)  # as the clients do
+    set_denormals(config.flush_denormals)  # as the clients do
     key = PartitionKey.from_config(config, clients)
     _WORKER.update(config=config, key=key, info=load_info(key), data={})
     train_client(0, warm_up=True)

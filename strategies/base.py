@@ -375,6 +375,7 @@ class PersonalizedStrategy(Strategy):
                 self.config.min_train_replies)  # fmt: skip
             return None, None
         updates = [(self.reply_arrays(msg), dict(msg.content[METRICS])) for msg in valid]
+        self._decoded.clear()  # the round's last reader: held no longer than it needs
         merged = {**self._current, **self.aggregate_updates(server_round, updates)}
         return to_record(merged), MetricRecord(training_summary([m for _, m in updates]))
 

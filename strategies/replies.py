@@ -34,7 +34,6 @@ from fedreg_app.core.protocol import (
     PERSONAL_GLOBAL_WEIGHT,
     STATE_ROUND,
 )
-from fedreg_app.core.records import from_record
 
 
 @dataclass(frozen=True)
@@ -95,13 +94,13 @@ def train_reply_problem(
     weight_keys: Iterable[str],
     expected: Mapping[str, np.ndarray],
     model_size: int,
-    arrays_of: Callable[[Message], Mapping[str, np.ndarray]] | None = None,
+    arrays_of: Callable[[Message], Mapping[str, np.ndarray]],
 ) -> str:
     """Why a training reply cannot be aggregated ("" if it can): it must carry exactly
     the ``expected`` arrays, all finite, and sound sample counts (the metrics
     ``weight_keys`` that weight its groups) from the partition the message went to. An
     accepted reply's weights go into the ledger. ``arrays_of`` decodes the reply's
-    arrays (the strategy's, which keeps them for the round); None: decoded here."""
+    arrays (the strategy's, which keeps them for the round's bound and aggregation)."""
     if ARRAYS not in msg.content.array_records or METRICS not in msg.content.metric_records:
         return "reply lacks its arrays or metrics"
     if problem := data_problem(msg, partition_id, facts):
@@ -122,8 +121,7 @@ def train_reply_problem(
                 f"metric {key}={metrics[key]!r}, but partition {partition_id} said "
                 f"{earlier[key]!r} before (a partition's data is fixed for a run)"
             )
-    arrays = arrays_of(msg) if arrays_of is not None else from_record(msg.content[ARRAYS])
-    problem = arrays_problem(arrays, expected)
+    problem = arrays_problem(arrays_of(msg), expected)
     if not problem:
         ledger.train_weights.setdefault(partition_id, {}).update(
             {key: float(metrics[key]) for key in keys}

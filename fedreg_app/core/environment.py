@@ -118,10 +118,6 @@ def client_devices(rounds: list[dict[str, Any]], upto: int | None = None) -> set
     }
 
 
-if __name__ == "__main__":  # what a run made here would record
-    print(json.dumps(describe_environment(), indent=1))
-
-
 #: Ray starts its workers (a simulation's client actors) at this niceness unless told
 #: otherwise; its default is 15.
 RAY_WORKER_NICENESS = "RAY_worker_niceness"
@@ -133,7 +129,11 @@ def run_ray_workers_at_normal_priority() -> None:
     At Ray's default of 15 every wake-up of a process at 0 (the SuperLink answering
     polls, the ServerApp's process, Ray's own daemons) preempted a training client: its
     training ran 10-20% slower than the same work in a plain process
-    (``benchmarks/round_limit.py --env RAY_worker_niceness=15 -``). The simulation process
+    (``benchmarks/round_limit.py --settings RAY_worker_niceness=15 -``). The simulation process
     imports the ClientApp before it starts Ray, whose processes inherit the environment,
     so the ClientApp's import sets it; a value already in the environment wins."""
     os.environ.setdefault(RAY_WORKER_NICENESS, "0")
+
+
+if __name__ == "__main__":  # what a run made here would record
+    print(json.dumps(describe_environment(), indent=1))
