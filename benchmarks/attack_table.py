@@ -17,7 +17,7 @@ from typing import Any
 
 from fedreg_tools.run_records import CELL_SEPARATOR, RunResult, collect
 
-RULES = ("mean", "median", "trimmed-mean", "krum", "norm-clip")
+RULES = ("mean", "median", "trimmed-mean", "krum", "norm-clip", "cosine-trust")
 ATTACKS = ("scale", "sign-flip", "label-flip", "noise", "replay")
 
 
@@ -48,9 +48,9 @@ def main() -> None:
     runs = {}
     for run in collect(root):
         s = cell_settings(run.cell)
-        runs[(s["algo"], s["variant"], s.get("attack-fraction"), s.get("aggregation", "mean"))] = (
-            run
-        )
+        # an honest cell is one row whatever share its grid names (no one lies in it)
+        fraction = None if s["variant"] == "honest" else s.get("attack-fraction")
+        runs[(s["algo"], s["variant"], fraction, s.get("aggregation", "mean"))] = run
     algos = sorted({key[0] for key in runs}, key=lambda a: ("fedreg", "fedavg", "fedrod").index(a)
                    if a in ("fedreg", "fedavg", "fedrod") else 9)  # fmt: skip
     fractions = sorted({key[2] for key in runs if key[2] is not None})

@@ -21,6 +21,14 @@ the rule with their own weights (base by |D_k|, head by e_k):
   weighted average (Sun et al. 2019, "Can you really backdoor federated learning?",
   norm-difference clipping); ``clip-norm = 0`` clips at the round's median norm, as FLAME
   does (Nguyen et al., USENIX Security 2022).
+- ``cosine-trust``: our variant of FLTrust (Cao et al., NDSS 2021, "FLTrust: Byzantine-
+  robust federated learning via trust bootstrapping"). Each update's trust is the ReLU
+  of its cosine with a reference direction; updates are clipped to the reference norm
+  and averaged with weight × trust. FLTrust's reference is an update the server trains
+  on a root dataset of its own; here no server holds data, so the reference is the
+  round's coordinate-wise median (Yin et al. 2018), and the norm is the round's median
+  norm (or ``clip-norm``) as in ``norm-clip``. An update that points away from what most
+  clients agree on, as a sign-flipped one does, gets no weight at all.
 
 :func:`norm_outliers` is the bound every run has on by default (``update-norm-factor``).
 """
@@ -122,6 +130,28 @@ def clipped_mean(updates: np.ndarray, weights: np.ndarray, bound: float) -> np.n
     return weighted_mean(updates * scale[:, None], weights)
 
 
+def cosine_trust(updates: np.ndarray, weights: np.ndarray, bound: float) -> np.ndarray:
+    """Clipped updates averaged with weight × ReLU(cosine with the coordinate-wise
+    median). A zero median (no direction to trust) leaves the clipped mean; no update
+    with positive trust leaves the group where it is, as FLTrust does."""
+    reference = coordinate_median(updates)
+    reference_norm = float(np.linalg.norm(reference))
+    if reference_norm == 0.0:
+        return clipped_mean(updates, weights, bound)
+    trust = np.maximum(trust_cosines(updates, reference), 0.0)
+    trusted = weights * trust
+    if not trusted.sum() > 0:
+        return np.zeros(updates.shape[1])
+    return clipped_mean(updates, trusted, bound)
+
+
+def trust_cosines(updates: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Each update's cosine with ``reference`` (0 for an update of norm 0)."""
+    norms = np.linalg.norm(updates, axis=1) * np.linalg.norm(reference)
+    dots = updates @ reference
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+
+
 def robust_change(updates: np.ndarray, weights: np.ndarray, config: RunConfig) -> np.ndarray:
     """The group's aggregated change under ``aggregation`` (never "mean")."""
     rule = config.aggregation
@@ -136,6 +166,8 @@ def robust_change(updates: np.ndarray, weights: np.ndarray, config: RunConfig) -
         return weighted_mean(updates[chosen], weights[chosen])
     if rule == "norm-clip":
         return clipped_mean(updates, weights, config.clip_norm)
+    if rule == "cosine-trust":
+        return cosine_trust(updates, weights, config.clip_norm)
     raise ValueError(f"aggregation={rule!r} has no robust rule")
 
 

@@ -25,6 +25,7 @@ from strategies.fedreg import FedReGStrategy
 from strategies.robust import (
     bound,
     coordinate_median,
+    cosine_trust,
     krum_selection,
     norm_outliers,
     robust_aggregate,
@@ -68,7 +69,9 @@ def test_krum_picks_an_update_of_the_majority_and_multi_krum_the_m_best() -> Non
     assert set(krum_selection(updates, byzantine=1, keep=4)) == {0, 1, 2, 3}
 
 
-@pytest.mark.parametrize("rule", ["median", "trimmed-mean", "krum", "multi-krum", "norm-clip"])
+@pytest.mark.parametrize(
+    "rule", ["median", "trimmed-mean", "krum", "multi-krum", "norm-clip", "cosine-trust"]
+)
 def test_each_rule_keeps_a_1e30_reply_out_of_both_groups(rule: str) -> None:
     replies = [reply(1.0, 2.0), reply(1.2, 2.2), reply(0.8, 1.8), reply(1.1, 2.1),
                reply(1e30, -1e30)]  # fmt: skip
@@ -95,6 +98,30 @@ def test_norm_clip_clips_at_the_median_norm_and_keeps_the_group_weights() -> Non
     merged = robust_aggregate(replies, weights, CURRENT, config(aggregation="norm-clip"))
     # the median norm is 2 (a 2x2 of ones): the third is scaled to ones, then (1+1+2)/4
     assert np.allclose(merged["base.0.weight"], 1.0)
+
+
+def test_cosine_trust_gives_a_sign_flipped_update_no_weight() -> None:
+    honest = np.array([[1.0, 2.0, 0.0], [2.0, 1.0, 0.5], [1.5, 1.5, -0.5], [1.0, 1.0, 0.0]])
+    flipped = -3.0 * honest[:1]  # reversed (and louder) than client 0's honest update
+    weights = np.array([1.0, 2.0, 1.0, 1.0, 4.0])
+    merged = cosine_trust(np.vstack([honest, flipped]), weights, bound=0.0)
+    # by hand: the reference is the median (1, 1, 0); each honest update's trust is its
+    # cosine with it, the flipped one's is 0; clipping at the median norm |(1, 2, 0)|
+    reference = np.array([1.0, 1.0, 0.0])
+    norms = np.linalg.norm(honest, axis=1)
+    trust = honest @ reference / (norms * np.linalg.norm(reference))
+    bound = np.median(np.linalg.norm(np.vstack([honest, flipped]), axis=1))
+    clipped = honest * np.minimum(1.0, bound / norms)[:, None]
+    expected = (weights[:4] * trust) @ clipped / (weights[:4] * trust).sum()
+    assert np.allclose(merged, expected)
+    assert merged @ flipped[0] < 0  # the liar pulled nothing its way
+
+
+def test_cosine_trust_with_no_median_direction_is_the_clipped_mean() -> None:
+    crossing = np.array([[1.0, 1.0], [-1.0, -1.0], [1.0, 1.0], [-1.0, -1.0], [0.0, 0.0]])
+    assert np.array_equal(coordinate_median(crossing), [0.0, 0.0])
+    weights = np.array([3.0, 1.0, 1.0, 1.0, 1.0])
+    assert np.allclose(cosine_trust(crossing, weights, 0.0), [2 / 7, 2 / 7])
 
 
 def test_fedreg_aggregates_each_group_with_the_rule_and_its_own_weights() -> None:

@@ -12,7 +12,15 @@ from typing import Protocol
 
 from fedreg_app.core.keys import core_key, fail, one_of
 
-AGGREGATIONS = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "norm-clip")
+AGGREGATIONS = (
+    "mean",
+    "median",
+    "trimmed-mean",
+    "krum",
+    "multi-krum",
+    "norm-clip",
+    "cosine-trust",
+)
 ATTACKS = ("none", "scale", "sign-flip", "label-flip", "noise", "replay")
 
 UPDATE_NORM_FACTOR = core_key(
@@ -33,9 +41,12 @@ AGGREGATION = core_key(
     one_of(AGGREGATIONS),
     doc="How each parameter group's updates are combined: `mean`, the algorithm's own "
     "weighted average; `median`, coordinate-wise; `trimmed-mean`; `krum`, `multi-krum`; "
-    "`norm-clip`, clipped then averaged. See the [robustness page](robustness.md).",
+    "`norm-clip`, clipped then averaged; `cosine-trust`, clipped then averaged with each "
+    "update's weight times the ReLU of its cosine with the coordinate-wise median. See "
+    "the [robustness page](robustness.md).",
     source="`mean`: every source; the others: Yin et al. 2018, Blanchard et al. 2017, "
-    "Sun et al. 2019",
+    "Sun et al. 2019; `cosine-trust`: our variant of FLTrust (Cao et al. 2021), with the "
+    "round's median in place of the server's root-data update",
 )
 TRIM_FRACTION = core_key(
     0.2,
@@ -58,7 +69,7 @@ MULTI_KRUM_KEEP = core_key(
 CLIP_NORM = core_key(
     0.0,
     "a number >= 0",
-    doc="The L2 bound of `norm-clip`, per group; 0: the round's median norm.",
+    doc="The L2 bound of `norm-clip` and `cosine-trust`, per group; 0: the round's median norm.",
     source="0: FLAME (Nguyen et al. 2022); a fixed bound: Sun et al. 2019",
 )
 ATTACK = core_key(
