@@ -23,7 +23,7 @@ the rule with their own weights (base by |D_k|, head by e_k):
   does (Nguyen et al., USENIX Security 2022).
 - ``cosine-trust``: our variant of FLTrust (Cao et al., NDSS 2021, "FLTrust: Byzantine-
   robust federated learning via trust bootstrapping"). Each update's trust is the ReLU
-  of its cosine with a reference direction; updates are clipped to the reference norm
+  of its cosine with a reference direction; updates are clipped at a reference norm
   and averaged with weight × trust. FLTrust's reference is an update the server trains
   on a root dataset of its own; here no server holds data, so the reference is the
   round's coordinate-wise median (Yin et al. 2018), and the norm is the round's median

@@ -124,6 +124,12 @@ def test_cosine_trust_with_no_median_direction_is_the_clipped_mean() -> None:
     assert np.allclose(cosine_trust(crossing, weights, 0.0), [2 / 7, 2 / 7])
 
 
+def test_cosine_trust_leaves_a_group_alone_when_every_update_points_away_from_the_median() -> None:
+    updates = np.array([[1.0, 1.0, -3.0], [1.0, -3.0, 1.0], [-3.0, 1.0, 1.0]])
+    assert np.array_equal(coordinate_median(updates), [1.0, 1.0, 1.0])  # each dot is -1
+    assert np.array_equal(cosine_trust(updates, np.ones(3), 0.0), np.zeros(3))
+
+
 def test_fedreg_aggregates_each_group_with_the_rule_and_its_own_weights() -> None:
     strategy = FedReGStrategy(config(aggregation="trimmed-mean", **{"trim-fraction": 0.0}))
     strategy._current = dict(CURRENT)
