@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedreg_app.core.robustness import AGGREGATIONS
+from fedreg_app.core.robustness import ATTACKS as ATTACK_KEYS
 from fedreg_tools.run_records import CELL_SEPARATOR, RunResult, collect
 
-RULES = ("mean", "median", "trimmed-mean", "krum", "norm-clip", "cosine-trust")
-ATTACKS = ("scale", "sign-flip", "label-flip", "noise", "replay")
+ATTACKS = tuple(attack for attack in ATTACK_KEYS if attack != "none")
 
 
 def cell_settings(cell: str) -> dict[str, str]:
@@ -54,26 +55,28 @@ def main() -> None:
     algos = sorted({key[0] for key in runs}, key=lambda a: ("fedreg", "fedavg", "fedrod").index(a)
                    if a in ("fedreg", "fedavg", "fedrod") else 9)  # fmt: skip
     fractions = sorted({key[2] for key in runs if key[2] is not None})
+    # a column per rule that has a run, in the key's order
+    rules = [rule for rule in AGGREGATIONS if any(key[3] == rule for key in runs)]
     header = (
         ["algo", "attack", "liars"]
-        + [f"{rule} G" for rule in RULES]
-        + [f"{rule} P" for rule in RULES]
+        + [f"{rule} G" for rule in rules]
+        + [f"{rule} P" for rule in rules]
     )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    drops: dict[str, list[float]] = {rule: [] for rule in RULES}
+    drops: dict[str, list[float]] = {rule: [] for rule in rules}
     attacked = 0
     for algo in algos:
         rows = [("honest", None)] + [(a, f) for f in fractions for a in ATTACKS]
         for attack, fraction in rows:
-            chosen = [runs.get((algo, attack, fraction, rule)) for rule in RULES]
+            chosen = [runs.get((algo, attack, fraction, rule)) for rule in rules]
             if not any(chosen):
                 continue
             cells = [figure(r, "global_accuracy") for r in chosen]
             cells += [figure(r, "personal_accuracy") for r in chosen]
             share = "0 %" if fraction is None else f"{100 * float(fraction):.0f} %"
             print(f"| {algo} | {attack} | {share} | " + " | ".join(cells) + " |")
-            for rule, run in zip(RULES, chosen, strict=True):
+            for rule, run in zip(rules, chosen, strict=True):
                 honest = runs.get((algo, "honest", None, rule))
                 if attack == "honest" or run is None or honest is None:
                     continue

@@ -398,18 +398,20 @@ class FedReGClient(ClientProcedure):
         self, global_parts: tuple[nn.Module, Forward] | None
     ) -> dict[str, int | float]:
         """The counts, and with a weighted personal prediction the λ it used."""
-        self.global_weight = self.personal_global_weight()
+        weight = self.personal_global_weight()
+        self.global_weight = 1.0 if weight is None else weight
         counts: dict[str, int | float] = {**super().count_correct(global_parts)}
-        if self.model.head_p is not None and self.options.personal in ("weighted", "learned"):
-            counts[PERSONAL_GLOBAL_WEIGHT] = self.global_weight
+        if weight is not None:
+            counts[PERSONAL_GLOBAL_WEIGHT] = weight
         return counts
 
-    def personal_global_weight(self) -> float:
+    def personal_global_weight(self) -> float | None:
         """λ of the personal prediction head_p(z) + λ·head_g(z): ``fedreg-personal-weight``
-        (``weighted``), fitted on the client's train split (``learned``), else 1."""
+        (``weighted``), fitted on the client's train split (``learned``); None where the
+        prediction weights nothing (the plain sum, or no private head)."""
         personal = self.options.personal
         if self.model.head_p is None or personal not in ("weighted", "learned"):
-            return 1.0
+            return None
         if personal == "weighted":
             return self.options.personal_weight
         features = self.base_features(self.data.train)

@@ -108,9 +108,8 @@ def app_fab_include(app: Path) -> Any:
 #: while the polls (each a request the SuperLink answers) go on for the whole run: at 0.1 s
 #: they took about a tenth of a core from the client actors (``benchmarks/round_limit.py
 #: --settings FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1 FLWR_SUPEREXEC_TASK_POLL_INTERVAL=1``),
-#: so the simulation's SuperLink keeps
-#: Flower's default. Flower reads the interval from the environment (0.01-60 s); the
-#: environment's own value wins.
+#: so the simulation's SuperLink keeps Flower's default. Flower reads the interval from
+#: the environment (0.01-60 s); the environment's own value wins.
 TASK_POLL_ENV = {"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1"}
 
 

@@ -135,8 +135,7 @@ def cosine_trust(updates: np.ndarray, weights: np.ndarray, bound: float) -> np.n
     median). A zero median (no direction to trust) leaves the clipped mean; no update
     with positive trust leaves the group where it is, as FLTrust does."""
     reference = coordinate_median(updates)
-    reference_norm = float(np.linalg.norm(reference))
-    if reference_norm == 0.0:
+    if not reference.any():
         return clipped_mean(updates, weights, bound)
     trust = np.maximum(trust_cosines(updates, reference), 0.0)
     trusted = weights * trust
