@@ -2,24 +2,36 @@
 rule's final and best G and P beside the honest run of the same rule, from the records
 of ``configs/attacks_fmnist_cpu*.toml`` (finished runs only; a cell not run yet is "–").
 
-    python benchmarks/attack_table.py results/attacks_fmnist_cpu
+    python benchmarks/attack_table.py results/attacks_fmnist_cpu --dataset-path PATH
 
-Ends with one summary line: how many attacked runs, and under each rule the mean drop of
-the final G from its honest run.
+G is the global model on every client's test split (a liar's test split is honest data).
+P is over the clients that do not lie: a liar's own model is of its lie (a label flipper's
+scores near 0 on its true labels), and counting it would charge the defences with what
+no server can prevent. Records that predate ``personal_accuracy_honest`` get it from
+their ``client_accuracies`` weighted by the clients' test samples, which
+``--dataset-path`` (the records' data) gives; without it those cells are "–".
+
+A second table sets the final figures against the honest run of the default rule (the
+plain average) over the same clients. Ends with one summary line: how many attacked
+runs, and under each rule the mean drop of the final G and honest-client P from the
+rule's own honest run.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
-from fedreg_app.core.robustness import AGGREGATIONS
+from fedreg_app.core.robustness import AGGREGATIONS, attackers
 from fedreg_app.core.robustness import ATTACKS as ATTACK_KEYS
 from fedreg_tools.run_records import CELL_SEPARATOR, RunResult, collect
 
 ATTACKS = tuple(attack for attack in ATTACK_KEYS if attack != "none")
+ORDER = ("fedreg", "fedavg", "fedrod")
+DEFAULT_RULE = "mean"
 
 
 def cell_settings(cell: str) -> dict[str, str]:
@@ -34,37 +46,109 @@ def cell_settings(cell: str) -> dict[str, str]:
     return settings
 
 
-def final_and_best(document: dict[str, Any], field: str) -> tuple[float, float] | None:
-    values = [r[field] for r in document.get("rounds", []) if r.get(field) is not None]
-    return (values[-1], max(values)) if values else None
+def final_and_best(values: list[float | None]) -> tuple[float, float] | None:
+    present = [v for v in values if v is not None]
+    return (present[-1], max(present)) if present else None
 
 
-def figure(run: RunResult | None, field: str) -> str:
-    pair = None if run is None else final_and_best(run.document, field)
+def test_sizes(document: dict[str, Any], dataset_path: str) -> dict[int, int]:
+    """Each partition's test samples, from the seeded partitioning the run used."""
+    from fedreg_app.core.data import PartitionKey  # the data bring torch
+    from fedreg_app.registry import load_config
+
+    config = load_config({**document["config"], "dataset-path": dataset_path})
+    return partition_test_sizes(
+        PartitionKey.from_config(config, int(document["run"]["num_clients"]))
+    )
+
+
+@functools.cache
+def partition_test_sizes(key: Any) -> dict[int, int]:
+    from fedreg_app.core.data import split_sizes
+
+    return {p: test for p, (_, test) in split_sizes(key).items()}
+
+
+def liars_of(run: RunResult) -> frozenset[int]:
+    from fedreg_app.registry import load_config
+
+    config = load_config(run.document["config"])
+    return attackers(config, int(run.document["run"]["num_clients"]))
+
+
+def honest_personal(
+    run: RunResult, liars: frozenset[int], dataset_path: str | None
+) -> list[float | None]:
+    """Per round, P over the clients not in ``liars``: recorded by the run where the
+    liars are its own, else from its client accuracies and test sizes (None without)."""
+    document = run.document
+    if (
+        liars == liars_of(run)
+        and liars
+        and any("personal_accuracy_honest" in r for r in document["rounds"])
+    ):
+        return [r.get("personal_accuracy_honest") for r in document["rounds"]]
+    if not liars:
+        return [r.get("personal_accuracy") for r in document["rounds"]]
+    if dataset_path is None:
+        return [None for _ in document["rounds"]]
+    sizes = test_sizes(document, dataset_path)
+    figures: list[float | None] = []
+    for record in document["rounds"]:
+        accuracies = record.get("client_accuracies")
+        if record.get("personal_accuracy") is None or not accuracies:
+            figures.append(None)
+            continue
+        honest = {int(p): a for p, a in accuracies.items() if int(p) not in liars}
+        total = sum(sizes[p] for p in honest)
+        figures.append(sum(a * sizes[p] for p, a in honest.items()) / total if total else None)
+    return figures
+
+
+def cell(pair: tuple[float, float] | None) -> str:
     return "–" if pair is None else f"{100 * pair[0]:.1f} / {100 * pair[1]:.1f}"
 
 
+def global_figures(run: RunResult | None) -> tuple[float, float] | None:
+    if run is None:
+        return None
+    return final_and_best([r.get("global_accuracy") for r in run.document["rounds"]])
+
+
+def delta(ours: tuple[float, float] | None, base: tuple[float, float] | None) -> float | None:
+    return None if ours is None or base is None else 100 * (ours[0] - base[0])
+
+
+def signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.1f}"
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path, help="the records' folder (fedreg-experiment --out)")
+    parser.add_argument("--dataset-path", help="the records' data, for their clients' test sizes")
+    return parser.parse_args()
+
+
 def main() -> None:
-    root = Path(sys.argv[1])
-    runs = {}
-    for run in collect(root):
+    args = arguments()
+    runs: dict[tuple[str, str, str | None, str], RunResult] = {}
+    for run in collect(args.root):
         s = cell_settings(run.cell)
         # an honest cell is one row whatever share its grid names (no one lies in it)
         fraction = None if s["variant"] == "honest" else s.get("attack-fraction")
-        runs[(s["algo"], s["variant"], fraction, s.get("aggregation", "mean"))] = run
-    algos = sorted({key[0] for key in runs}, key=lambda a: ("fedreg", "fedavg", "fedrod").index(a)
-                   if a in ("fedreg", "fedavg", "fedrod") else 9)  # fmt: skip
+        runs[(s["algo"], s["variant"], fraction, s.get("aggregation", DEFAULT_RULE))] = run
+    algos = sorted({key[0] for key in runs},
+                   key=lambda a: ORDER.index(a) if a in ORDER else len(ORDER))  # fmt: skip
     fractions = sorted({key[2] for key in runs if key[2] is not None})
     # a column per rule that has a run, in the key's order
     rules = [rule for rule in AGGREGATIONS if any(key[3] == rule for key in runs)]
-    header = (
-        ["algo", "attack", "liars"]
-        + [f"{rule} G" for rule in rules]
-        + [f"{rule} P" for rule in rules]
-    )
+    header = ["algo", "attack", "liars", *(f"{r} G" for r in rules), *(f"{r} P" for r in rules)]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
-    drops: dict[str, list[float]] = {rule: [] for rule in rules}
+    drops: dict[str, dict[str, list[float]]] = {"G": {r: [] for r in rules},
+                                                 "P": {r: [] for r in rules}}  # fmt: skip
+    against_default: list[str] = []
     attacked = 0
     for algo in algos:
         rows = [("honest", None)] + [(a, f) for f in fractions for a in ATTACKS]
@@ -72,24 +156,47 @@ def main() -> None:
             chosen = [runs.get((algo, attack, fraction, rule)) for rule in rules]
             if not any(chosen):
                 continue
-            cells = [figure(r, "global_accuracy") for r in chosen]
-            cells += [figure(r, "personal_accuracy") for r in chosen]
+            liars = next((liars_of(r) for r in chosen if r is not None), frozenset())
+            g = [global_figures(r) for r in chosen]
+            p = [None if r is None else final_and_best(honest_personal(r, liars, args.dataset_path))
+                 for r in chosen]  # fmt: skip
             share = "0 %" if fraction is None else f"{100 * float(fraction):.0f} %"
-            print(f"| {algo} | {attack} | {share} | " + " | ".join(cells) + " |")
-            for rule, run in zip(rules, chosen, strict=True):
+            print(f"| {algo} | {attack} | {share} | " + " | ".join(map(cell, g + p)) + " |")
+            if attack == "honest":
+                continue
+            default = runs.get((algo, "honest", None, DEFAULT_RULE))
+            base_g = global_figures(default)
+            base_p = None if default is None else final_and_best(
+                honest_personal(default, liars, args.dataset_path))  # fmt: skip
+            for rule, run, ours_g, ours_p in zip(rules, chosen, g, p, strict=True):
                 honest = runs.get((algo, "honest", None, rule))
-                if attack == "honest" or run is None or honest is None:
+                if run is None:
+                    continue
+                against_default.append(
+                    f"| {algo} | {attack} | {share} | {rule} | {signed(delta(ours_g, base_g))} "
+                    f"| {signed(delta(ours_p, base_p))} |")  # fmt: skip
+                if honest is None:
                     continue
                 attacked += 1
-                ours = final_and_best(run.document, "global_accuracy")
-                base = final_and_best(honest.document, "global_accuracy")
-                if ours and base:
-                    drops[rule].append(100 * (base[0] - ours[0]))
+                own_p = final_and_best(honest_personal(honest, liars, args.dataset_path))
+                for name, value in (("G", delta(ours_g, global_figures(honest))),
+                                    ("P", delta(ours_p, own_p))):  # fmt: skip
+                    if value is not None:
+                        drops[name][rule].append(-value)
     print()
-    print("Each cell: final / best accuracy over the 10 rounds, percent (G global, P personal).")
+    print("Each cell: final / best accuracy over the rounds, percent: G, the global model on "
+          "every client's test split; P, personal, over the clients that do not lie "
+          "(all clients in the honest rows).")  # fmt: skip
+    print()
+    print("| algo | attack | liars | rule | ΔG final | ΔP final (honest clients) |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(against_default))
+    print()
+    print(f"Δ: against the honest run of `aggregation = \"{DEFAULT_RULE}\"`, P over the same "
+          "honest clients, percentage points.")  # fmt: skip
     summary = " ".join(
-        f"drop_final_G_{rule}={statistics.fmean(values):.1f}"
-        for rule, values in drops.items() if values
+        f"drop_final_{name}_{rule}={statistics.fmean(values):.1f}"
+        for name in ("G", "P") for rule, values in drops[name].items() if values
     )  # fmt: skip
     print(f"attack_table: attacked_runs={attacked} {summary}")
 

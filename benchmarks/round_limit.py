@@ -58,7 +58,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import tomllib
 from pathlib import Path
@@ -77,7 +76,7 @@ from strategies.sampling import ClientSampler
 
 sys.path.insert(0, str(Path(__file__).parent))
 from client_throughput import bare_steps  # noqa: E402
-from simulation import role_of, run_once  # noqa: E402
+from simulation import TreeSampler, role_of, run_once  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -149,35 +148,26 @@ def bare_round(pool, sizes: dict[int, int], trained: list[int], evaluated: list[
 
 
 # ------------------------------------------------------------------ the run
-class CpuByRole(threading.Thread):
+class CpuByRole(TreeSampler):
     """CPU seconds (user + system) of every process under ``root`` by role (client actor,
-    simulation process, SuperLink, Ray, ...), sampled every ``every`` seconds, so that
-    the CPU of a stretch of the run can be told apart (a process living less than
-    ``every`` is missed)."""
+    simulation process, SuperLink, Ray, ...), so that the CPU of a stretch of the run can
+    be told apart."""
 
     def __init__(self, root: int, every: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.root, self.every = root, every
+        super().__init__(root, every)
         self.roles: dict[int, str] = {}
         #: (monotonic time, {pid: CPU seconds so far}) per sample
         self.samples: list[tuple[float, dict[int, float]]] = []
-        self._halt = threading.Event()
 
-    def run(self) -> None:
-        while not self._halt.is_set():
-            seconds = {}
-            for pid in [self.root, *descendants(self.root)]:
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    seconds[pid] = (int(fields[11]) + int(fields[12])) / TICKS
-                    if self.roles.get(pid) != "client actor":  # a Ray worker names it late
-                        self.roles[pid] = role_of(pid)
-            self.samples.append((time.monotonic(), seconds))
-            self._halt.wait(self.every)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
+    def sample(self) -> None:
+        seconds = {}
+        for pid in [self.root, *descendants(self.root)]:
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                seconds[pid] = (int(fields[11]) + int(fields[12])) / TICKS
+                if self.roles.get(pid) != "client actor":  # a Ray worker names it late
+                    self.roles[pid] = role_of(pid)
+        self.samples.append((time.monotonic(), seconds))
 
     def by_role(self, last_seconds: float | None = None) -> dict[str, float]:
         """CPU seconds by role over the whole run, or over the ``last_seconds`` before the

@@ -97,24 +97,39 @@ def tree_pss_mib(pids: list[int]) -> float:
     return total
 
 
-class PeakMemory(threading.Thread):
-    """Samples a process tree's resident memory until stopped; keeps the peak of the
-    total, the largest single process, each role's peak (summed over its processes),
-    the breakdown by role at the moment of the total's peak, and the peak of the total
-    proportional set size (shared pages counted once)."""
+class TreeSampler(threading.Thread):
+    """Samples the process tree under ``root`` every ``every`` seconds until stopped (a
+    process living less than that is missed); subclasses say what a sample keeps."""
 
-    def __init__(self, root: int, every: float = 0.5) -> None:
+    def __init__(self, root: int, every: float) -> None:
         super().__init__(daemon=True)
         self.root, self.every = root, every
-        self.peak_total = self.peak_process = self.peak_pss = 0.0
-        self.peak_by_role: dict[str, float] = {}
-        self.at_peak: dict[str, float] = {}
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
             self.sample()
             self._halt.wait(self.every)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+
+class PeakMemory(TreeSampler):
+    """A process tree's resident memory: the peak of the total, the largest single
+    process, each role's peak (summed over its processes), the breakdown by role at the
+    moment of the total's peak, and the peak of the total proportional set size (shared
+    pages counted once)."""
+
+    def __init__(self, root: int, every: float = 0.5) -> None:
+        super().__init__(root, every)
+        self.peak_total = self.peak_process = self.peak_pss = 0.0
+        self.peak_by_role: dict[str, float] = {}
+        self.at_peak: dict[str, float] = {}
 
     def sample(self) -> None:
         sizes = tree_rss_mib(self.root)
@@ -129,10 +144,6 @@ class PeakMemory(threading.Thread):
         self.peak_pss = max(self.peak_pss, tree_pss_mib(list(sizes)))
         for role, mib in by_role.items():
             self.peak_by_role[role] = max(self.peak_by_role.get(role, 0.0), mib)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
 
 
 # -------------------------------------------------------------------- runs

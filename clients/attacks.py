@@ -21,21 +21,12 @@ from clients.base import ClientProcedure
 from fedreg_app.core.config import RunConfig
 from fedreg_app.core.data import TensorData
 from fedreg_app.core.records import from_record, to_record
-from fedreg_app.core.seeds import drawn_partitions, rng
+from fedreg_app.core.seeds import rng
 
 #: The replay attacker's first update, kept in its private state.
 REPLAYED_UPDATE = "attack-replayed-update"
 
 Arrays = Mapping[str, np.ndarray]
-
-
-def attackers(config: RunConfig, num_partitions: int) -> frozenset[int]:
-    """The partitions that lie: ⌈attack-fraction · N⌉ of them, a seeded draw that
-    depends on the seed and N only."""
-    if config.attack == "none" or num_partitions < 1:
-        return frozenset()
-    count = min(num_partitions, int(np.ceil(config.attack_fraction * num_partitions - 1e-9)))
-    return drawn_partitions(config.seed, "attackers", num_partitions, count)
 
 
 def flipped(train: TensorData, num_classes: int) -> TensorData:

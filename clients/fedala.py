@@ -42,7 +42,7 @@ from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from clients.base import TrainResult
 from clients.fedavg import FedAvgClient
-from fedreg_app.core.config import AlgorithmOptions, at_least, option
+from fedreg_app.core.config import AlgorithmOptions, at_least, option, positive
 from fedreg_app.core.data import TensorData
 from fedreg_app.core.models import BASE, HEAD_G, SplitModel, checked_value
 from fedreg_app.core.records import from_record, to_record
@@ -56,7 +56,7 @@ ALA_WEIGHTS = "ala-weights"
 @dataclass(frozen=True)
 class FedALAOptions(AlgorithmOptions):
     eta: float = option(
-        "ala-eta", 1.0, "a number > 0", lambda value: value > 0,
+        "ala-eta", 1.0, "a number > 0", positive,
         doc="FedALA: η, the learning rate of the merge weights W.",
         source="FedALA paper §5 (η = 1.0); PFLlib `main.py` `-et` 1.0",
     )  # fmt: skip
@@ -73,7 +73,7 @@ class FedALAOptions(AlgorithmOptions):
         "tensors: the last layer's weight and bias",
     )  # fmt: skip
     loss_threshold: float = option(
-        "ala-loss-threshold", 0.1, "a number > 0", lambda value: value > 0,
+        "ala-loss-threshold", 0.1, "a number > 0", positive,
         doc="FedALA: the first adaptation learns W until the std of the recent losses "
         "is below this.",
         source="PFLlib `utils/ALA.py` (`threshold` 0.1)",

@@ -36,7 +36,7 @@ from torch.nn import functional as F  # noqa: N812 - the usual name
 
 from clients.base import TrainResult
 from clients.fedavg import FedAvgClient
-from fedreg_app.core.config import AlgorithmOptions, at_least, option
+from fedreg_app.core.config import AlgorithmOptions, at_least, option, positive
 from fedreg_app.core.data import TensorData
 from fedreg_app.core.models import BASE, HEAD_G, SplitModel
 from fedreg_app.core.training import LossFn, batches, eval_batches
@@ -50,7 +50,7 @@ ALIGN_STREAM = 1
 @dataclass(frozen=True)
 class FedASOptions(AlgorithmOptions):
     align_lr: float = option(
-        "fedas-align-lr", 0.01, "a number > 0", lambda value: value > 0,
+        "fedas-align-lr", 0.01, "a number > 0", positive,
         doc="FedAS: learning rate of the parameter alignment of the global base.",
         source="PFLlib `clientas.py` (`set_parameters`: SGD, lr 0.01); the paper gives "
         "no value",

@@ -15,7 +15,14 @@ import numpy as np
 
 from clients.base import TrainResult
 from clients.fedbabu import FedBABUClient
-from fedreg_app.core.config import AlgorithmOptions, ConfigError, RunConfig, at_least, option
+from fedreg_app.core.config import (
+    AlgorithmOptions,
+    ConfigError,
+    RunConfig,
+    at_least,
+    option,
+    positive,
+)
 from fedreg_app.core.models import BASE, HEAD_G, group_of
 
 FINETUNE_PHASE = "deviation-finetune"
@@ -32,7 +39,7 @@ class DeviationOptions(AlgorithmOptions):
         source="`002` eq. 7-8 (the value is ours)",
     )  # fmt: skip
     epsilon: float = option(
-        "deviation-epsilon", 0.001, "a number > 0", lambda v: v > 0,
+        "deviation-epsilon", 0.001, "a number > 0", positive,
         doc="ε: the fine-tune round R is the first at which σ_w falls and "
         "its second difference is below ε in size.",
         source="`002` eq. 9 (the value is ours)",

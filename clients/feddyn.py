@@ -14,7 +14,7 @@ from torch import nn
 
 from clients.base import ClientProcedure, snapshot, squared_distance
 from clients.fedavg import FedAvgClient
-from fedreg_app.core.config import AlgorithmOptions, option
+from fedreg_app.core.config import AlgorithmOptions, option, positive
 from fedreg_app.core.models import BASE, HEAD_G, check_keys, checked_value
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.training import LossFn
@@ -26,7 +26,7 @@ CORRECTION = "feddyn-correction"
 class FedDynOptions(AlgorithmOptions):
     #: The server divides by alpha (w_g = mean - h / alpha): it must be positive.
     alpha: float = option(
-        "dyn-alpha", 0.01, "a number > 0", lambda v: v > 0,
+        "dyn-alpha", 0.01, "a number > 0", positive,
         doc="α of the regulariser α/2‖w − w_g‖², squared as in the FedDyn paper.",
         source="paper §4.2, thesis §5.3. PFLlib's `clientdyn.py` adds α/2‖w − w_g‖ "
         "unsquared (a gradient of constant length α/2): the thesis's FedDyn figures may "

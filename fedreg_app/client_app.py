@@ -31,7 +31,7 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.common import log
 
-from clients.attacks import attackers, lie, lying_data
+from clients.attacks import lie, lying_data
 from clients.base import ClientProcedure, ClientSetup
 from fedreg_app.core.client_state import MISSING_VERSION, VersionedState
 from fedreg_app.core.config import (
@@ -88,6 +88,7 @@ from fedreg_app.core.protocol import (
     is_valid_state_key,
 )
 from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.robustness import attackers
 from fedreg_app.core.training import select_device, set_denormals
 from fedreg_app.registry import Algorithm, algorithm_of, load_config
 from strategies.base import ModelParts

@@ -85,6 +85,8 @@ def round_line(record: RoundRecord, num_rounds: int) -> str:
             f" | worst client {pct(record.personal_accuracy_worst)}"
             f", bottom 10% {pct(record.personal_accuracy_bottom_decile)}"
         )
+    if record.personal_accuracy_honest is not None:
+        line += f" | honest clients {pct(record.personal_accuracy_honest)}"
     if record.new_clients:
         line += (
             f" | {record.new_clients} new client{'s' * (record.new_clients != 1)}: personal "

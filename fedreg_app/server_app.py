@@ -524,6 +524,7 @@ def round_record(
         new_client_personal_accuracy=personal.get("new-client-personal-accuracy"),
         new_client_global_accuracy=personal.get("new-client-global-accuracy"),
         personal_global_weight=personal.get(PERSONAL_GLOBAL_WEIGHT),
+        personal_accuracy_honest=personal.get("personal-accuracy-honest") if complete else None,
         train_replies=len(training.accepted),
         train_failures=len(training.failures),
         eval_replies=len(evaluation.phase.accepted),

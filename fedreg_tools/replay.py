@@ -67,6 +67,7 @@ COMPARED = (*ACCURACIES, "sampled_clients", "num_train_examples")
 #: the received head.
 COMPARED_IF_RECORDED = (
     "global_accuracy_answered", "personal_accuracy_sampled", "personal_global_weight",
+    "personal_accuracy_honest",
 )  # fmt: skip
 #: Keys ``--set`` may change: where the same inputs lie on this machine, and how the same
 #: steps are launched (``cuda-graphs``: whether replayed graphs give the eager record's

@@ -52,6 +52,7 @@ from fedreg_app.core.protocol import (
     STATE_KEY,
 )
 from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.robustness import attackers
 from strategies.replies import ReplyLedger, RunFacts, eval_reply_problem, train_reply_problem
 from strategies.robust import bound, robust_aggregate
 from strategies.sampling import ClientSampler, addressed_messages, held_state_versions, sample_size
@@ -146,6 +147,9 @@ class PersonalizedStrategy(Strategy):
         self.norm_ratio_max: dict[str, float] = {}
         #: New clients: partitions held out of training, evaluated apart (``held_out``).
         self.held_out: frozenset[int] = frozenset()
+        #: Partitions that lie in a simulated attack (``attack``): the honest clients'
+        #: personal accuracy is reported apart, as a liar's own model is of its lie.
+        self.liars: frozenset[int] = frozenset()
         #: Partitions whose training reply was accepted in some round so far (checkpointed).
         self.trained_partitions: set[int] = set()
         #: The newest private-state version each partition said it holds (``state-round``
@@ -198,6 +202,7 @@ class PersonalizedStrategy(Strategy):
         self.partitions = partitions
         self.sampler.set_population(partitions.num_partitions)
         self.held_out = held_out(self.config, partitions.num_partitions)
+        self.liars = attackers(self.config, partitions.num_partitions)
 
     @property
     def num_partitions(self) -> int:
@@ -451,6 +456,7 @@ class PersonalizedStrategy(Strategy):
                 self.trained_partitions,
                 self.global_evaluation == "clients",
                 self.held_out,
+                self.liars,
             )  # fmt: skip
         )
 
@@ -492,10 +498,12 @@ def evaluation_summary(
     trained: set[int],
     global_on_clients: bool,
     held_out: frozenset[int] = frozenset(),
+    liars: frozenset[int] = frozenset(),
 ) -> dict[str, Any]:
     """A round's evaluation: personal accuracy (all clients, and those that have
     trained), the clients' seconds and, where they evaluated it, the global accuracy;
-    the ``held_out`` new clients' figures apart, outside the others."""
+    the ``held_out`` new clients' figures apart, outside the others; with ``liars``,
+    also the personal accuracy of the clients that do not lie."""
     taking_part = [r for r in results if int(r[PARTITION_ID]) not in held_out]
     newcomers = [r for r in results if int(r[PARTITION_ID]) in held_out]
     summary: dict[str, Any] = cost_totals(results)
@@ -504,6 +512,9 @@ def evaluation_summary(
         summary.update(sampled_personal_metrics(taking_part, trained))
         if global_on_clients:
             summary["global-accuracy"] = correct_share(taking_part, GLOBAL_CORRECT)
+        honest = [r for r in taking_part if int(r[PARTITION_ID]) not in liars]
+        if liars and honest:
+            summary["personal-accuracy-honest"] = correct_share(honest, PERSONAL_CORRECT)
         weights = [float(r[PERSONAL_GLOBAL_WEIGHT]) for r in taking_part
                    if PERSONAL_GLOBAL_WEIGHT in r]  # fmt: skip
         if weights:  # FedReG's weighted personal prediction: the clients' mean λ

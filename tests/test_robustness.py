@@ -11,15 +11,16 @@ import pytest
 import torch
 from flwr.app import Array, ConfigRecord, RecordDict
 
-from clients.attacks import REPLAYED_UPDATE, attackers, flipped, lie
+from clients.attacks import REPLAYED_UPDATE, flipped, lie
 from fedreg_app.core.config import ConfigError
-from fedreg_app.core.data import TensorData
+from fedreg_app.core.data import PartitionKey, TensorData, split_sizes
 from fedreg_app.core.protocol import (
     EFFECTIVE_EXAMPLES,
     NUM_EXAMPLES,
     NUM_PROCESSED,
 )
 from fedreg_app.core.records import from_record, to_record
+from fedreg_app.core.robustness import attackers
 from fedreg_app.registry import load_config
 from strategies.fedreg import FedReGStrategy
 from strategies.robust import (
@@ -308,10 +309,34 @@ def test_a_label_flipping_liar_is_still_the_client_its_data_says(
     federation: dict[str, Any], tmp_path: Path
 ) -> None:
     """Label flipping changes what the client trains on, not the data it names: its
-    replies pass the server's checks (and are averaged, as the bound cannot tell)."""
-    run_server({**federation, "attack": "label-flip", "attack-fraction": 0.25})
-    for record in results(tmp_path / "results")["rounds"]:
+    replies pass the server's checks (and are averaged, as the bound cannot tell). The
+    round records P over the three honest clients apart: their accuracies weighted by
+    their test samples, the liar's left out."""
+    lying = {**federation, "attack": "label-flip", "attack-fraction": 0.25}
+    [liar] = attackers(load_config(lying), 4)
+    run_server(lying)
+    document = results(tmp_path / "results")
+    tests = {
+        p: n for p, (_, n) in split_sizes(PartitionKey.from_config(load_config(lying), 4)).items()
+    }
+    for record in document["rounds"]:
         assert (record["train_replies"], record["train_failures"]) == (4, 0)
+        honest = {int(p): a for p, a in record["client_accuracies"].items() if int(p) != liar}
+        assert len(honest) == 3
+        expected = sum(a * tests[p] for p, a in honest.items()) / sum(tests[p] for p in honest)
+        assert record["personal_accuracy_honest"] == pytest.approx(expected)
+    figures = [r["personal_accuracy_honest"] for r in document["rounds"]]
+    assert document["best_personal_accuracy_honest"] == max(figures)
+    assert document["final_personal_accuracy_honest"] == figures[-1]
+
+
+def test_without_liars_no_honest_figure_is_written(
+    federation: dict[str, Any], tmp_path: Path
+) -> None:
+    run_server(federation)
+    document = results(tmp_path / "results")
+    assert all(r["personal_accuracy_honest"] is None for r in document["rounds"])
+    assert document["best_personal_accuracy_honest"] is None
 
 
 def test_the_bound_judges_no_honest_change_against_a_near_zero_median() -> None:

@@ -80,6 +80,11 @@ def at_least(minimum: float) -> Callable[[Any], bool]:
     return lambda value: value >= minimum
 
 
+def positive(value: Any) -> bool:
+    """A number > 0 (a step size, a threshold, a regulariser's divisor)."""
+    return value > 0
+
+
 @dataclass(frozen=True)
 class AlgorithmOptions:
     """Base of every algorithm's options: a frozen dataclass whose fields are declared with

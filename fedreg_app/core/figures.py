@@ -44,7 +44,13 @@ def client_figures(accuracies: Collection[float]) -> dict[str, float | None]:
 #: best: the last evaluated round's value (``final_<field>``) and the mean over the last
 #: :data:`LAST_ROUNDS` evaluated rounds (``last10_mean_<field>``). A best alone may be one
 #: lucky round, and a mean alone may hide the clients at the bottom.
-SUMMARISED = ("global_accuracy", "personal_accuracy", *CLIENT_FIGURES, *NEW_CLIENT_FIGURES)
+SUMMARISED = (
+    "global_accuracy",
+    "personal_accuracy",
+    *CLIENT_FIGURES,
+    *NEW_CLIENT_FIGURES,
+    "personal_accuracy_honest",
+)
 
 
 def final_and_last(values: list[float | None]) -> tuple[float | None, float | None]:

@@ -133,6 +133,11 @@ class RoundRecord:
     #: FedReG with ``fedreg-personal`` weighted or learned: the mean over the clients that
     #: take part of the λ their personal prediction head_p + λ·head_g used (None otherwise).
     personal_global_weight: float | None = None
+    #: A simulated attack (``attack``): the personal accuracy over the clients that do
+    #: not lie (correct over their test samples; a liar's own model is of its lie, a
+    #: label flipper's scores near 0 on its true labels); None without liars and where
+    #: the round has no all-client figure.
+    personal_accuracy_honest: float | None = None
     #: Replies accepted and failed (raised, timed out or rejected by the server's checks).
     train_replies: int = 0
     train_failures: int = 0
@@ -189,6 +194,7 @@ BEST_OF = {
     "best_personal_accuracy": "personal_accuracy",
     "best_personal_accuracy_answered": "personal_accuracy_answered",
     "best_personal_accuracy_sampled": "personal_accuracy_sampled",
+    "best_personal_accuracy_honest": "personal_accuracy_honest",
 }
 
 
@@ -198,6 +204,7 @@ ACCURACY_FIELDS = (
     "personal_accuracy",
     "personal_accuracy_answered",
     "personal_accuracy_sampled",
+    "personal_accuracy_honest",
     "global_accuracy_answered",
     *CLIENT_FIGURES,
     *NEW_CLIENT_FIGURES,
@@ -351,7 +358,8 @@ def coverage_problem(record: dict[str, Any], run: dict[str, Any]) -> str | None:
         return None  # a record from before coverage was written: nothing to hold it to
     coverage, number = record["personal_coverage"], record["round"]
     complete = coverage is not None and coverage["clients"] == coverage["of_clients"]
-    whole = ["personal_accuracy", "personal_accuracy_std", *CLIENT_FIGURES]
+    whole = ["personal_accuracy", "personal_accuracy_std", "personal_accuracy_honest",
+             *CLIENT_FIGURES]  # fmt: skip
     if run.get("global_evaluation") == "clients":
         whole.append("global_accuracy")
     for key in whole:

@@ -8,6 +8,7 @@ run-config keys like every other); checked by :func:`check_robustness`. The rule
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from fedreg_app.core.keys import core_key, fail, one_of
@@ -94,6 +95,26 @@ ATTACK_SCALE = core_key(
     doc="The factor of `attack = scale`.",
     source="Bagdasaryan et al. 2020 (boosting by n / η; 10 clients a round, η = 1)",
 )
+
+
+class LiarSettings(Protocol):
+    """What :func:`attackers` reads of a run config."""
+
+    seed: int
+    attack: str
+    attack_fraction: float
+
+
+def attackers(config: LiarSettings, num_partitions: int) -> frozenset[int]:
+    """The partitions that lie: ⌈attack-fraction · N⌉ of them, a seeded draw that
+    depends on the seed and N only (the clients lie by it, the server reports the honest
+    clients' figures by it)."""
+    if config.attack == "none" or num_partitions < 1:
+        return frozenset()
+    from fedreg_app.core.seeds import drawn_partitions  # here: config loads without torch
+
+    count = min(num_partitions, math.ceil(config.attack_fraction * num_partitions - 1e-9))
+    return drawn_partitions(config.seed, "attackers", num_partitions, count)
 
 
 class RobustnessSettings(Protocol):

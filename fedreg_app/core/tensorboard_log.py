@@ -39,6 +39,7 @@ SCALARS = {
     "accuracy/personal_bottom_decile": "personal_accuracy_bottom_decile",
     "accuracy/personal_sampled": "personal_accuracy_sampled",
     "accuracy/personal_answered": "personal_accuracy_answered",
+    "accuracy/personal_honest": "personal_accuracy_honest",
     "time/train_seconds": "train_seconds",
     "time/eval_seconds": "eval_seconds",
     "time/client_compute_seconds": "client_compute_seconds",
