@@ -541,6 +541,7 @@ def round_record(
         state_resets=sum(int(m.get(STATE_RESETS, 0)) for m in train_replies + eval_metrics),
         state_reset_records=reset_records(training.accepted + evaluation.phase.accepted),
         update_norm_ratio_max=dict(strategy.norm_ratio_max),
+        update_trust=dict(strategy.update_trust),
         global_model_kept=training.model_kept and strategy.has_global_model,
     )
 

@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from fedreg_app.core.config import ConfigError, RunConfig
-from fedreg_app.core.models import BASE, HEAD_G, SplitModel, group_of
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, group_of, initial_model
 from fedreg_app.core.new_clients import held_out, held_out_count
 from fedreg_app.core.partition_map import PartitionMap
 from fedreg_app.core.protocol import (
@@ -55,6 +55,7 @@ from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.robustness import attackers
 from strategies.replies import ReplyLedger, RunFacts, eval_reply_problem, train_reply_problem
 from strategies.robust import bound, robust_aggregate
+from strategies.root_reference import RootReference
 from strategies.sampling import ClientSampler, addressed_messages, held_state_versions, sample_size
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ class PersonalizedStrategy(Strategy):
         self._decoded: dict[int, tuple[Message, dict[str, np.ndarray]]] = {}
         #: The server's model, once ``prepare_model`` has been given it.
         self.model: SplitModel | None = None
+        #: ``fltrust``'s root dataset and the model the server trains on it.
+        self.root: RootReference | None = None
         #: What accepted replies said, which later replies must repeat (checkpointed).
         self.ledger = ReplyLedger()
         #: The aggregate that replaces the weighted average of the updates, where a
@@ -145,6 +148,9 @@ class PersonalizedStrategy(Strategy):
         self.release: Callable[[int, list[Update]], dict[str, np.ndarray]] | None = None
         #: Per group, the largest update-norm ratio among this round's accepted replies.
         self.norm_ratio_max: dict[str, float] = {}
+        #: Under a trust rule, the last aggregation's trust in each update: group ->
+        #: {partition: ReLU of its cosine with the reference} (0: no weight).
+        self.update_trust: dict[str, dict[str, float]] = {}
         #: New clients: partitions held out of training, evaluated apart (``held_out``).
         self.held_out: frozenset[int] = frozenset()
         #: Partitions that lie in a simulated attack (``attack``): the honest clients'
@@ -374,6 +380,7 @@ class PersonalizedStrategy(Strategy):
         are taken in partition order, not arrival order, so that floating-point sums do
         not depend on which client answered first."""
         valid = sorted(replies, key=lambda msg: int(msg.content[METRICS][PARTITION_ID]))
+        self.update_trust = {}
         if len(valid) < self.config.min_train_replies:
             log(WARNING, "round %d: %d training results, fewer than min-train-replies=%d; "
                 "the global model is kept as it was", server_round, len(valid),
@@ -395,7 +402,19 @@ class PersonalizedStrategy(Strategy):
             return self.release(server_round, updates)
         if self.config.aggregation != "mean":
             weights = aggregation_weights(updates, self.group_weights)
-            return robust_aggregate([a for a, _ in updates], weights, self._current, self.config)
+            reference = None
+            if self.config.aggregation == "fltrust":
+                processed = [int(m[NUM_PROCESSED]) for _, m in updates]
+                reference = self.root_reference(server_round, processed)
+            trust: dict[str, dict[int, float]] = {}
+            merged = robust_aggregate([a for a, _ in updates], weights, self._current,
+                                      self.config, reference, trust)  # fmt: skip
+            partitions = [str(int(m[PARTITION_ID])) for _, m in updates]
+            self.update_trust = {
+                group: {partitions[i]: round(t, 6) for i, t in given.items()}
+                for group, given in trust.items()
+            }
+            return merged
         return weighted_average_by_group(updates, self.group_weights)
 
     def norm_outliers(self, replies: list[Message]) -> dict[int, str]:
@@ -463,12 +482,30 @@ class PersonalizedStrategy(Strategy):
     @classmethod
     def server_splits(cls, config: RunConfig) -> tuple[str, ...]:
         """The unions of the clients' splits the ServerApp needs decoded ("train",
-        "test"): it decodes them in the pass that digests the partitions."""
-        return ("test",) if cls.evaluation_of(config) == "server" else ()
+        "test"): it decodes them in the pass that digests the partitions (``fltrust``
+        draws its root dataset from the train splits')."""
+        test = ("test",) if cls.evaluation_of(config) == "server" else ()
+        return (*test, "train") if config.aggregation == "fltrust" else test
 
     def keep_server_splits(self, unions: dict[str, TensorData]) -> None:
         """Keeps what :meth:`server_splits` asked for beyond the global test set (which
-        the ServerApp holds itself)."""
+        the ServerApp holds itself): ``fltrust``'s root dataset."""
+        if self.config.aggregation == "fltrust":
+            self.root = RootReference(self.config, unions["train"])
+
+    def root_reference(self, server_round: int, processed: list[int]) -> dict[str, np.ndarray]:
+        """``fltrust``'s reference: the global model after the server's training on its
+        root dataset this round, as much as the median client trained (``processed``:
+        each reply's samples); the root is drawn here where no ServerApp handed the
+        splits over."""
+        if self.root is None:
+            from fedreg_app.core.data import PartitionKey, load_info, load_union_split
+
+            key = PartitionKey.from_config(self.config, self.num_partitions)
+            self.root = RootReference(self.config, load_union_split(key, "train"))
+            if self.model is None:
+                self.model = initial_model(load_info(key), self.config)
+        return self.root.trained(self.model, self._current, server_round, processed)
 
     def known_test_samples(self) -> int | None:
         """The size of the union test set, once every partition's split size is known."""

@@ -144,6 +144,18 @@ def cosine_trust(updates: np.ndarray, weights: np.ndarray, bound: float) -> np.n
     return clipped_mean(updates, trusted, bound)
 
 
+def fltrust(updates: np.ndarray, weights: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """FLTrust's aggregate (Cao et al. 2021, Alg. 1): each update rescaled to the norm
+    of the server's ``reference`` update and averaged with its weight times the ReLU of
+    its cosine with it. No update with positive trust leaves the group where it is."""
+    norms = np.linalg.norm(updates, axis=1)
+    scale = np.divide(np.linalg.norm(reference), norms, out=np.zeros_like(norms), where=norms > 0)
+    trusted = weights * np.maximum(trust_cosines(updates, reference), 0.0)
+    if not trusted.sum() > 0:
+        return np.zeros(updates.shape[1])
+    return weighted_mean(updates * scale[:, None], trusted)
+
+
 def trust_cosines(updates: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """Each update's cosine with ``reference`` (0 for an update of norm 0)."""
     norms = np.linalg.norm(updates, axis=1) * np.linalg.norm(reference)
@@ -151,9 +163,36 @@ def trust_cosines(updates: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
 
 
-def robust_change(updates: np.ndarray, weights: np.ndarray, config: RunConfig) -> np.ndarray:
-    """The group's aggregated change under ``aggregation`` (never "mean")."""
+#: The rules that weight each update by its trust (the ReLU of a cosine).
+TRUST_RULES = ("cosine-trust", "fltrust")
+
+
+def update_trust(
+    updates: np.ndarray, config: RunConfig, reference: np.ndarray | None = None
+) -> np.ndarray:
+    """The trust a trust rule gives each update (before its group weight): the ReLU of
+    its cosine with the server's update (``fltrust``) or the round's median; 1 for all
+    where there is no direction to judge by (``cosine-trust``'s clipped mean)."""
+    if config.aggregation == "fltrust" and reference is not None and reference.any():
+        return np.maximum(trust_cosines(updates, reference), 0.0)
+    median = coordinate_median(updates)
+    if not median.any():
+        return np.ones(updates.shape[0])
+    return np.maximum(trust_cosines(updates, median), 0.0)
+
+
+def robust_change(
+    updates: np.ndarray, weights: np.ndarray, config: RunConfig, reference: np.ndarray | None = None
+) -> np.ndarray:
+    """The group's aggregated change under ``aggregation`` (never "mean"). ``reference``:
+    the server's own update of the group (``fltrust``); where it did not move the group
+    (a group the root training does not train), the round's median stands in for it, as
+    in ``cosine-trust``."""
     rule = config.aggregation
+    if rule == "fltrust":
+        if reference is not None and reference.any():
+            return fltrust(updates, weights, reference)
+        return cosine_trust(updates, weights, config.clip_norm)
     if rule == "median":
         return coordinate_median(updates)
     if rule == "trimmed-mean":
@@ -175,9 +214,13 @@ def robust_aggregate(
     weights: Mapping[str, Sequence[float]],
     current: Arrays,
     config: RunConfig,
+    reference: Arrays | None = None,
+    trust: dict[str, dict[int, float]] | None = None,
 ) -> dict[str, np.ndarray]:
     """New values of each group in ``weights`` (group -> each reply's weight): the global
-    model plus the rule's change, over the replies with a positive weight for it."""
+    model plus the rule's change, over the replies with a positive weight for it.
+    ``reference``: the server's own trained values (``fltrust``), judged as a reply.
+    ``trust``, filled under a trust rule: group -> {reply index: its trust}."""
     out: dict[str, np.ndarray] = {}
     for group, group_weights in weights.items():
         keys = group_keys(replies[0], group)
@@ -186,7 +229,14 @@ def robust_aggregate(
             continue
         updates = flat_updates([replies[i] for i in voters], current, keys)
         chosen_weights = np.asarray([group_weights[i] for i in voters], np.float64)
-        out.update(unflatten(robust_change(updates, chosen_weights, config), current, keys))
+        own = None
+        if reference is not None and all(key in reference for key in keys):
+            own = flat_updates([reference], current, keys)[0]
+        change = robust_change(updates, chosen_weights, config, own)
+        out.update(unflatten(change, current, keys))
+        if trust is not None and config.aggregation in TRUST_RULES:
+            given = update_trust(updates, config, own)
+            trust[group] = {i: float(t) for i, t in zip(voters, given, strict=True)}
     return out
 
 

@@ -13,7 +13,8 @@ from flwr.app import Array, ConfigRecord, RecordDict
 
 from clients.attacks import REPLAYED_UPDATE, flipped, lie
 from fedreg_app.core.config import ConfigError
-from fedreg_app.core.data import PartitionKey, TensorData, split_sizes
+from fedreg_app.core.data import DatasetInfo, PartitionKey, TensorData, split_sizes
+from fedreg_app.core.models import BASE, HEAD_G, build_model
 from fedreg_app.core.protocol import (
     EFFECTIVE_EXAMPLES,
     NUM_EXAMPLES,
@@ -27,11 +28,14 @@ from strategies.robust import (
     bound,
     coordinate_median,
     cosine_trust,
+    fltrust,
     krum_selection,
     norm_outliers,
     robust_aggregate,
+    robust_change,
     trimmed_mean,
 )
+from strategies.root_reference import RootReference
 from tests.inprocess import final_model, results, run_server, train_reply
 
 CURRENT = {"base.0.weight": np.zeros((2, 2), np.float32), "head_g.0.bias": np.zeros(2, np.float32)}
@@ -71,14 +75,15 @@ def test_krum_picks_an_update_of_the_majority_and_multi_krum_the_m_best() -> Non
 
 
 @pytest.mark.parametrize(
-    "rule", ["median", "trimmed-mean", "krum", "multi-krum", "norm-clip", "cosine-trust"]
+    "rule", ["median", "trimmed-mean", "krum", "multi-krum", "norm-clip", "cosine-trust", "fltrust"]
 )
 def test_each_rule_keeps_a_1e30_reply_out_of_both_groups(rule: str) -> None:
     replies = [reply(1.0, 2.0), reply(1.2, 2.2), reply(0.8, 1.8), reply(1.1, 2.1),
                reply(1e30, -1e30)]  # fmt: skip
     weights = {"base": [1.0] * 5, "head_g": [1.0] * 5}
     settings = config(aggregation=rule, **{"krum-byzantine": 1})
-    merged = robust_aggregate(replies, weights, CURRENT, settings)
+    server = reply(1.0, 2.0) if rule == "fltrust" else None  # the server's own update
+    merged = robust_aggregate(replies, weights, CURRENT, settings, server)
     assert np.abs(merged["base.0.weight"]).max() < 2
     assert np.abs(merged["head_g.0.bias"]).max() < 3
 
@@ -129,6 +134,79 @@ def test_cosine_trust_leaves_a_group_alone_when_every_update_points_away_from_th
     updates = np.array([[1.0, 1.0, -3.0], [1.0, -3.0, 1.0], [-3.0, 1.0, 1.0]])
     assert np.array_equal(coordinate_median(updates), [1.0, 1.0, 1.0])  # each dot is -1
     assert np.array_equal(cosine_trust(updates, np.ones(3), 0.0), np.zeros(3))
+
+
+def test_fltrust_rescales_to_the_servers_norm_and_trusts_by_cosine() -> None:
+    """Cao et al. 2021, Alg. 1, by hand: the server's update (1, 0); an update along it
+    counts at the server's norm, one at 45° with weight cos 45° (and the server's norm),
+    one orthogonal or reversed not at all; the group weights multiply the trust."""
+    server = np.array([1.0, 0.0])
+    updates = np.array([[2.0, 0.0], [0.0, 3.0], [-5.0, 0.0], [1.0, 1.0]])
+    weights = np.array([1.0, 1.0, 9.0, 2.0])
+    trust = np.array([1.0, 0.0, 0.0, 2 * np.sqrt(0.5)])  # weight x ReLU(cos)
+    rescaled = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [np.sqrt(0.5), np.sqrt(0.5)]])
+    assert np.allclose(fltrust(updates, weights, server), trust @ rescaled / trust.sum())
+    assert np.array_equal(fltrust(-updates[:1], weights[:1], server), [0.0, 0.0])  # none trusted
+
+
+def test_the_trust_rules_report_each_replys_trust_and_other_rules_none() -> None:
+    """Per group and reply: a reply reversed from the rest gets 0, as it had no weight."""
+    replies = [reply(1.0, 2.0), reply(1.2, 2.2), reply(0.8, 1.8), reply(-3.0, -6.0)]
+    weights = {"base": [1.0] * 4, "head_g": [1.0] * 4}
+    for rule, server in (("cosine-trust", None), ("fltrust", reply(1.0, 1.0))):
+        trust: dict[str, dict[int, float]] = {}
+        robust_aggregate(replies, weights, CURRENT, config(aggregation=rule), server, trust)
+        assert set(trust) == {"base", "head_g"}
+        for given in trust.values():
+            assert given[3] == 0 and all(given[i] == pytest.approx(1.0) for i in range(3))
+    trust = {}
+    robust_aggregate(replies, weights, CURRENT, config(aggregation="median"), None, trust)
+    assert trust == {}
+
+
+def test_fltrust_judges_a_group_the_server_did_not_move_by_the_median() -> None:
+    """A group the root training leaves where it was (no reference direction): judged
+    as `cosine-trust` judges it."""
+    updates = np.array([[1.0, 2.0], [2.0, 1.0], [-3.0, -3.0]])
+    weights = np.ones(3)
+    settings = config(aggregation="fltrust")
+    expected = cosine_trust(updates, weights, 0.0)
+    assert np.array_equal(robust_change(updates, weights, settings, np.zeros(2)), expected)
+    assert np.array_equal(robust_change(updates, weights, settings, None), expected)
+
+
+def test_fltrust_trains_its_reference_on_a_seeded_root_sample_of_the_train_union() -> None:
+    """The root dataset: fltrust-root-samples drawn once from the union, the same for the
+    same seed; the server's update: the same for the same round (a resumed run aggregates
+    as the uninterrupted one), another for another round, and the server's own model is
+    not moved."""
+    generator = torch.Generator().manual_seed(0)
+    union = TensorData(torch.randn(500, 1, 28, 28, generator=generator),
+                       torch.randint(0, 10, (500,), generator=generator))  # fmt: skip
+    settings = config(aggregation="fltrust", **{"fltrust-root-samples": 40, "local-epochs": 1})
+    reference = RootReference(settings, union)
+    assert len(reference.root) == 40
+    assert torch.equal(RootReference(settings, union).root.y, reference.root.y)
+    assert len(RootReference(settings, TensorData(union.x[:30], union.y[:30])).root) == 30
+    server = build_model(DatasetInfo(10, 1, 28, 28), 2, 0, True)
+    before = {k: v.clone() for k, v in server.state_dict().items()}
+    current = server.group_state(BASE, HEAD_G)
+    first = reference.trained(server, current, 1, [40])
+    assert set(first) == set(current)
+    assert all(
+        np.array_equal(first[k], v) for k, v in reference.trained(server, current, 1, [40]).items()
+    )
+    assert any(not np.array_equal(first[k], v)
+               for k, v in reference.trained(server, current, 2, [40]).items())  # fmt: skip
+    assert not np.allclose(first["head_g.0.weight"], current["head_g.0.weight"])  # it trained
+    assert all(torch.equal(v, server.state_dict()[k]) for k, v in before.items())
+    # as much as the round's median client trained: 130 samples is 3 passes over 40
+    assert reference.passes([40, 130, 1000]) == 3 and reference.passes([5]) == 1
+    longer = reference.trained(server, current, 1, [400])
+    moved = [
+        np.linalg.norm(a["head_g.0.weight"] - current["head_g.0.weight"]) for a in (first, longer)
+    ]
+    assert moved[1] > moved[0]
 
 
 def test_fedreg_aggregates_each_group_with_the_rule_and_its_own_weights() -> None:
@@ -203,6 +281,7 @@ def test_checks_bound_and_aggregation_decode_each_reply_once(monkeypatch) -> Non
         ({"update-norm-factor": 0.5}, "update-norm-factor=0.5"),
         ({"krum-byzantine": -1}, "krum-byzantine=-1"),
         ({"clip-norm": -1.0}, "clip-norm=-1.0"),
+        ({"fltrust-root-samples": 0}, "fltrust-root-samples=0"),
         ({"attack": "flood"}, "attack='flood'"),
         ({"attack": "scale"}, "attack-fraction=0.0"),
         ({"attack-fraction": 1.5}, "attack-fraction=1.5"),
@@ -328,6 +407,29 @@ def test_a_label_flipping_liar_is_still_the_client_its_data_says(
     figures = [r["personal_accuracy_honest"] for r in document["rounds"]]
     assert document["best_personal_accuracy_honest"] == max(figures)
     assert document["final_personal_accuracy_honest"] == figures[-1]
+
+
+def test_fltrust_runs_through_the_server_app_and_the_same_seed_gives_the_same_model(
+    federation: dict[str, Any], tmp_path: Path
+) -> None:
+    """The ServerApp hands fltrust the union of the train splits it decodes anyway; the
+    root draw and the server's training are seeded, so two runs of one config end on the
+    same weights, with a sign-flipping liar among the clients."""
+    lying = {**federation, "aggregation": "fltrust", "attack": "sign-flip",
+             "attack-fraction": 0.25, "fltrust-root-samples": 20}  # fmt: skip
+    assert "train" in FedReGStrategy.server_splits(load_config(lying))
+    models = []
+    for name in ("first", "second"):
+        run_server({**lying, "results-dir": str(tmp_path / name)})
+        assert results(tmp_path / name)["run"]["status"] == "completed"
+        models.append(final_model(tmp_path / name))
+    assert all(np.array_equal(models[0][k], models[1][k]) for k in models[0])
+    assert all(np.isfinite(v).all() for v in models[0].values())
+    for record in results(tmp_path / "first")["rounds"]:  # each reply's trust, by group
+        trust = record["update_trust"]
+        assert set(trust) == {"base", "head_g"}
+        assert all(set(t) == {str(p) for p in record["sampled_clients"]} for t in trust.values())
+        assert all(0 <= v <= 1 for t in trust.values() for v in t.values())
 
 
 def test_without_liars_no_honest_figure_is_written(

@@ -454,6 +454,7 @@ class RunConfig:
     krum_byzantine: int = robustness.KRUM_BYZANTINE
     multi_krum_keep: int = robustness.MULTI_KRUM_KEEP
     clip_norm: float = robustness.CLIP_NORM
+    fltrust_root_samples: int = robustness.FLTRUST_ROOT_SAMPLES
     attack: str = robustness.ATTACK
     attack_fraction: float = robustness.ATTACK_FRACTION
     attack_scale: float = robustness.ATTACK_SCALE

@@ -160,6 +160,10 @@ class RoundRecord:
     #: median of the round's others: how close honest clients came to
     #: ``update-norm-factor`` (empty with the bound off or one reply).
     update_norm_ratio_max: dict[str, float] = field(default_factory=dict)
+    #: Under ``aggregation`` ``cosine-trust`` or ``fltrust``: per parameter group, each
+    #: accepted reply's trust (partition -> the ReLU of its update's cosine with the
+    #: reference; 0: no weight). Empty under the other rules.
+    update_trust: dict[str, dict[str, float]] = field(default_factory=dict)
     #: Personal accuracy (correct over test samples) over the clients whose training reply
     #: was accepted in this or an earlier round; None when no client has trained yet, the
     #: round was not evaluated, or one of those clients' evaluation replies is missing.

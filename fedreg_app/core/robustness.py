@@ -21,6 +21,7 @@ AGGREGATIONS = (
     "multi-krum",
     "norm-clip",
     "cosine-trust",
+    "fltrust",
 )
 ATTACKS = ("none", "scale", "sign-flip", "label-flip", "noise", "replay")
 
@@ -43,11 +44,14 @@ AGGREGATION = core_key(
     doc="How each parameter group's updates are combined: `mean`, the algorithm's own "
     "weighted average; `median`, coordinate-wise; `trimmed-mean`; `krum`, `multi-krum`; "
     "`norm-clip`, clipped then averaged; `cosine-trust`, clipped then averaged with each "
-    "update's weight times the ReLU of its cosine with the coordinate-wise median. See "
+    "update's weight times the ReLU of its cosine with the coordinate-wise median; "
+    "`fltrust`, each update rescaled to the norm of an update the server trains on a "
+    "root dataset and averaged with its weight times the ReLU of its cosine with it. See "
     "the [robustness page](robustness.md).",
     source="`mean`: every source; the others: Yin et al. 2018, Blanchard et al. 2017, "
-    "Sun et al. 2019; `cosine-trust`: our variant of FLTrust (Cao et al. 2021), with the "
-    "round's median in place of the server's root-data update",
+    "Sun et al. 2019; `fltrust`: Cao et al. 2021 (the group weight kept as a factor, "
+    "ours); `cosine-trust`: our variant of FLTrust, with the round's median in place of "
+    "the server's root-data update",
 )
 TRIM_FRACTION = core_key(
     0.2,
@@ -72,6 +76,14 @@ CLIP_NORM = core_key(
     "a number >= 0",
     doc="The L2 bound of `norm-clip` and `cosine-trust`, per group; 0: the round's median norm.",
     source="0: FLAME (Nguyen et al. 2022); a fixed bound: Sun et al. 2019",
+)
+FLTRUST_ROOT_SAMPLES = core_key(
+    100,
+    "an integer >= 1",
+    doc="The root dataset of `fltrust`: this many samples drawn once, seeded, from the "
+    "union of the clients' train splits, on which the server trains its reference update "
+    "every round.",
+    source="Cao et al. 2021 (100 root examples, drawn uniformly from the training data)",
 )
 ATTACK = core_key(
     "none",
@@ -126,6 +138,7 @@ class RobustnessSettings(Protocol):
     krum_byzantine: int
     multi_krum_keep: int
     clip_norm: float
+    fltrust_root_samples: int
     attack: str
     attack_fraction: float
     attack_scale: float
@@ -148,6 +161,9 @@ def check_robustness(config: RobustnessSettings) -> None:
             fail(key, value, "an integer >= 0")
     if not config.clip_norm >= 0:
         fail("clip-norm", config.clip_norm, "a number >= 0 (0: the round's median norm)")
+    roots = config.fltrust_root_samples
+    if isinstance(roots, bool) or not isinstance(roots, int) or roots < 1:
+        fail("fltrust-root-samples", roots, "an integer >= 1")
     if config.aggregation != "mean" and config.dp_mode == "central":
         fail("aggregation", config.aggregation, "'mean' with dp-mode='central' (its noise "
              "is calibrated to the weighted average's sensitivity)")  # fmt: skip

@@ -52,6 +52,8 @@ STREAMS: dict[str, tuple[int, ...]] = {
     "new-clients": (0x9E3,),
     "fedcp-init": (0xFC1,),
     "fedcp-gumbel": (0xFC6,),
+    "fltrust-root": (0xF17,),
+    "fltrust-shuffle": (0xF15,),
 }
 
 
