@@ -409,13 +409,15 @@ class PersonalizedStrategy(Strategy):
             trust: dict[str, dict[int, float]] = {}
             merged = robust_aggregate([a for a, _ in updates], weights, self._current,
                                       self.config, reference, trust)  # fmt: skip
-            partitions = [str(int(m[PARTITION_ID])) for _, m in updates]
-            self.update_trust = {
-                group: {partitions[i]: round(t, 6) for i, t in given.items()}
-                for group, given in trust.items()
-            }
+            self.update_trust = {group: self.by_partition(updates, given)
+                                 for group, given in trust.items()}  # fmt: skip
             return merged
         return weighted_average_by_group(updates, self.group_weights)
+
+    @staticmethod
+    def by_partition(updates: list[Update], given: dict[int, float]) -> dict[str, float]:
+        """Per-reply figures (by index into ``updates``) keyed by the replies' partitions."""
+        return {str(int(updates[i][1][PARTITION_ID])): round(t, 6) for i, t in given.items()}
 
     def norm_outliers(self, replies: list[Message]) -> dict[int, str]:
         """Replies (by index) whose change of some group is far above the round's others

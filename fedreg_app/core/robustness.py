@@ -49,9 +49,10 @@ AGGREGATION = core_key(
     "root dataset and averaged with its weight times the ReLU of its cosine with it. See "
     "the [robustness page](robustness.md).",
     source="`mean`: every source; the others: Yin et al. 2018, Blanchard et al. 2017, "
-    "Sun et al. 2019; `fltrust`: Cao et al. 2021 (the group weight kept as a factor, "
-    "ours); `cosine-trust`: our variant of FLTrust, with the round's median in place of "
-    "the server's root-data update",
+    "Sun et al. 2019; `fltrust`: Cao et al. 2021 (the group weight kept as a factor and "
+    "the server's passes matched to the median client's samples: ours); `cosine-trust`: "
+    "our variant of FLTrust, with the round's median in place of the server's root-data "
+    "update",
 )
 TRIM_FRACTION = core_key(
     0.2,
