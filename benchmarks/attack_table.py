@@ -12,7 +12,9 @@ their ``client_accuracies`` weighted by the clients' test samples, which
 ``--dataset-path`` (the records' data) gives; without it those cells are "–".
 
 A second table sets the final figures against the honest run of the default rule (the
-plain average) over the same clients. Ends with one summary line: how many attacked
+plain average) over the same clients; a third, for the cells run on more than one seed,
+gives mean ± std over the seeds. The first two show one seed (``--seed``, 0). Ends with
+one summary line (of the seed shown): how many attacked
 runs, and under each rule the mean drop of the final G and honest-client P from the
 rule's own honest run.
 """
@@ -127,17 +129,70 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the records' folder (fedreg-experiment --out)")
     parser.add_argument("--dataset-path", help="the records' data, for their clients' test sizes")
+    parser.add_argument("--seed", type=int, default=0, help="the seed the tables show (default 0)")
     return parser.parse_args()
+
+
+Key = tuple[str, str, str | None, str]
+
+
+def over_seeds(by_seed: dict[int, dict[Key, RunResult]], dataset_path: str | None) -> None:
+    """Cells run on more than one seed: final G and the honest clients' P, and their
+    change from the default's honest run of the same seed (over the same clients), as
+    mean ± std over the seeds."""
+    seeds = sorted(by_seed)
+    cells = sorted({key for runs in by_seed.values() for key in runs},
+                   key=lambda k: (k[0], k[1] != "honest", k[1], k[2] or "", k[3]))  # fmt: skip
+    lines = []
+    for key in cells:
+        algo, attack, _, rule = key
+        rows = []
+        for seed in seeds:
+            runs = by_seed[seed]
+            run, default = runs.get(key), runs.get((algo, "honest", None, DEFAULT_RULE))
+            if run is None or default is None:
+                continue
+            liars = liars_of(run) if attack != "honest" else frozenset()
+            g, base_g = global_figures(run), global_figures(default)
+            p = final_and_best(honest_personal(run, liars, dataset_path))
+            base_p = final_and_best(honest_personal(default, liars, dataset_path))
+            rows.append((seed, g, delta(g, base_g), p, delta(p, base_p)))
+        if len(rows) < 2 or any(r[1] is None or r[3] is None for r in rows):
+            continue
+
+        def spread(values: list[float]) -> str:
+            return f"{statistics.fmean(values):+.1f} ± {statistics.stdev(values):.1f}"
+
+        def level(values: list[float]) -> str:
+            return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+        lines.append(
+            f"| {algo} | {attack} | {rule} | {','.join(str(r[0]) for r in rows)} "
+            f"| {level([100 * r[1][0] for r in rows])} | {spread([r[2] for r in rows])} "
+            f"| {level([100 * r[3][0] for r in rows])} | {spread([r[4] for r in rows])} |"
+        )
+    if not lines:
+        return
+    print()
+    header = "| algo | attack | rule | seeds | G final | ΔG final | P final (honest) | ΔP final |"
+    print(header)
+    print("|---|---|---|---|---|---|---|---|")
+    print("\n".join(lines))
+    print()
+    print(f"Mean ± std over the seeds; Δ against the same seed's honest run of "
+          f"`aggregation = \"{DEFAULT_RULE}\"`, P over the same honest clients.")  # fmt: skip
 
 
 def main() -> None:
     args = arguments()
-    runs: dict[tuple[str, str, str | None, str], RunResult] = {}
+    by_seed: dict[int, dict[Key, RunResult]] = {}
     for run in collect(args.root):
         s = cell_settings(run.cell)
         # an honest cell is one row whatever share its grid names (no one lies in it)
         fraction = None if s["variant"] == "honest" else s.get("attack-fraction")
-        runs[(s["algo"], s["variant"], fraction, s.get("aggregation", DEFAULT_RULE))] = run
+        key = (s["algo"], s["variant"], fraction, s.get("aggregation", DEFAULT_RULE))
+        by_seed.setdefault(run.seed, {})[key] = run
+    runs = by_seed.get(args.seed, {})
     algos = sorted({key[0] for key in runs},
                    key=lambda a: ORDER.index(a) if a in ORDER else len(ORDER))  # fmt: skip
     fractions = sorted({key[2] for key in runs if key[2] is not None})
@@ -198,6 +253,7 @@ def main() -> None:
         f"drop_final_{name}_{rule}={statistics.fmean(values):.1f}"
         for name in ("G", "P") for rule, values in drops[name].items() if values
     )  # fmt: skip
+    over_seeds(by_seed, args.dataset_path)
     print(f"attack_table: attacked_runs={attacked} {summary}")
 
 
