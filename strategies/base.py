@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from fedreg_app.core.config import ConfigError, RunConfig
-from fedreg_app.core.models import BASE, HEAD_G, SplitModel, group_of, initial_model
+from fedreg_app.core.models import BASE, HEAD_G, SplitModel, group_of
 from fedreg_app.core.new_clients import held_out, held_out_count
 from fedreg_app.core.partition_map import PartitionMap
 from fedreg_app.core.protocol import (
@@ -498,15 +498,10 @@ class PersonalizedStrategy(Strategy):
     def root_reference(self, server_round: int, processed: list[int]) -> dict[str, np.ndarray]:
         """``fltrust``'s reference: the global model after the server's training on its
         root dataset this round, as much as the median client trained (``processed``:
-        each reply's samples); the root is drawn here where no ServerApp handed the
-        splits over."""
-        if self.root is None:
-            from fedreg_app.core.data import PartitionKey, load_info, load_union_split
-
-            key = PartitionKey.from_config(self.config, self.num_partitions)
-            self.root = RootReference(self.config, load_union_split(key, "train"))
-            if self.model is None:
-                self.model = initial_model(load_info(key), self.config)
+        each reply's samples). The ServerApp hands over the root (``keep_server_splits``)
+        and the model (``prepare_model``) before the first round."""
+        if self.root is None or self.model is None:
+            raise RuntimeError("fltrust needs the ServerApp's train splits and model first")
         return self.root.trained(self.model, self._current, server_round, processed)
 
     def known_test_samples(self) -> int | None:

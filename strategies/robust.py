@@ -25,10 +25,13 @@ the rule with their own weights (base by |D_k|, head by e_k):
   robust federated learning via trust bootstrapping"). Each update's trust is the ReLU
   of its cosine with a reference direction; updates are clipped at a reference norm
   and averaged with weight × trust. FLTrust's reference is an update the server trains
-  on a root dataset of its own; here no server holds data, so the reference is the
-  round's coordinate-wise median (Yin et al. 2018), and the norm is the round's median
-  norm (or ``clip-norm``) as in ``norm-clip``. An update that points away from what most
-  clients agree on, as a sign-flipped one does, gets no weight at all.
+  on a root dataset of its own; this one needs no data on the server, so the reference
+  is the round's coordinate-wise median (Yin et al. 2018), and the norm is the round's
+  median norm (or ``clip-norm``) as in ``norm-clip``. An update that points away from
+  what most clients agree on, as a sign-flipped one does, gets no weight at all.
+- ``fltrust``: FLTrust itself (Alg. 1), the reference trained by the server on its root
+  dataset (``strategies/root_reference.py``); every update is rescaled to that update's
+  norm and averaged with weight × trust.
 
 :func:`norm_outliers` is the bound every run has on by default (``update-norm-factor``).
 """
@@ -130,27 +133,39 @@ def clipped_mean(updates: np.ndarray, weights: np.ndarray, bound: float) -> np.n
     return weighted_mean(updates * scale[:, None], weights)
 
 
-def cosine_trust(updates: np.ndarray, weights: np.ndarray, bound: float) -> np.ndarray:
-    """Clipped updates averaged with weight × ReLU(cosine with the coordinate-wise
-    median). A zero median (no direction to trust) leaves the clipped mean; no update
-    with positive trust leaves the group where it is, as FLTrust does."""
+def median_trust(updates: np.ndarray) -> np.ndarray:
+    """``cosine-trust``'s trust in each update: the ReLU of its cosine with the
+    coordinate-wise median; 1 for all where the median is zero (no direction to trust:
+    the clipped mean)."""
     reference = coordinate_median(updates)
     if not reference.any():
-        return clipped_mean(updates, weights, bound)
-    trust = np.maximum(trust_cosines(updates, reference), 0.0)
-    trusted = weights * trust
+        return np.ones(updates.shape[0])
+    return np.maximum(trust_cosines(updates, reference), 0.0)
+
+
+def cosine_trust(
+    updates: np.ndarray, weights: np.ndarray, bound: float, trust: np.ndarray | None = None
+) -> np.ndarray:
+    """Clipped updates averaged with weight × ``trust`` (default :func:`median_trust`).
+    No update with positive trust leaves the group where it is, as FLTrust does."""
+    trusted = weights * (median_trust(updates) if trust is None else trust)
     if not trusted.sum() > 0:
         return np.zeros(updates.shape[1])
     return clipped_mean(updates, trusted, bound)
 
 
-def fltrust(updates: np.ndarray, weights: np.ndarray, reference: np.ndarray) -> np.ndarray:
+def fltrust(
+    updates: np.ndarray, weights: np.ndarray, reference: np.ndarray, trust: np.ndarray | None = None
+) -> np.ndarray:
     """FLTrust's aggregate (Cao et al. 2021, Alg. 1): each update rescaled to the norm
-    of the server's ``reference`` update and averaged with its weight times the ReLU of
-    its cosine with it. No update with positive trust leaves the group where it is."""
+    of the server's ``reference`` update and averaged with its weight times its trust
+    (default: the ReLU of its cosine with the reference). No update with positive trust
+    leaves the group where it is."""
+    if trust is None:
+        trust = np.maximum(trust_cosines(updates, reference), 0.0)
     norms = np.linalg.norm(updates, axis=1)
     scale = np.divide(np.linalg.norm(reference), norms, out=np.zeros_like(norms), where=norms > 0)
-    trusted = weights * np.maximum(trust_cosines(updates, reference), 0.0)
+    trusted = weights * trust
     if not trusted.sum() > 0:
         return np.zeros(updates.shape[1])
     return weighted_mean(updates * scale[:, None], trusted)
@@ -171,28 +186,31 @@ def update_trust(
     updates: np.ndarray, config: RunConfig, reference: np.ndarray | None = None
 ) -> np.ndarray:
     """The trust a trust rule gives each update (before its group weight): the ReLU of
-    its cosine with the server's update (``fltrust``) or the round's median; 1 for all
-    where there is no direction to judge by (``cosine-trust``'s clipped mean)."""
+    its cosine with the server's update (``fltrust``), else :func:`median_trust` (a
+    group the server's training did not move is judged as ``cosine-trust`` judges it)."""
     if config.aggregation == "fltrust" and reference is not None and reference.any():
         return np.maximum(trust_cosines(updates, reference), 0.0)
-    median = coordinate_median(updates)
-    if not median.any():
-        return np.ones(updates.shape[0])
-    return np.maximum(trust_cosines(updates, median), 0.0)
+    return median_trust(updates)
 
 
 def robust_change(
-    updates: np.ndarray, weights: np.ndarray, config: RunConfig, reference: np.ndarray | None = None
+    updates: np.ndarray,
+    weights: np.ndarray,
+    config: RunConfig,
+    reference: np.ndarray | None = None,
+    trust: np.ndarray | None = None,
 ) -> np.ndarray:
     """The group's aggregated change under ``aggregation`` (never "mean"). ``reference``:
     the server's own update of the group (``fltrust``); where it did not move the group
     (a group the root training does not train), the round's median stands in for it, as
-    in ``cosine-trust``."""
+    in ``cosine-trust``. ``trust``: the trust rules' :func:`update_trust`, where the
+    caller has it already."""
     rule = config.aggregation
-    if rule == "fltrust":
-        if reference is not None and reference.any():
-            return fltrust(updates, weights, reference)
-        return cosine_trust(updates, weights, config.clip_norm)
+    if rule in TRUST_RULES:
+        trust = update_trust(updates, config, reference) if trust is None else trust
+        if rule == "fltrust" and reference is not None and reference.any():
+            return fltrust(updates, weights, reference, trust)
+        return cosine_trust(updates, weights, config.clip_norm, trust)
     if rule == "median":
         return coordinate_median(updates)
     if rule == "trimmed-mean":
@@ -204,8 +222,6 @@ def robust_change(
         return weighted_mean(updates[chosen], weights[chosen])
     if rule == "norm-clip":
         return clipped_mean(updates, weights, config.clip_norm)
-    if rule == "cosine-trust":
-        return cosine_trust(updates, weights, config.clip_norm)
     raise ValueError(f"aggregation={rule!r} has no robust rule")
 
 
@@ -232,10 +248,10 @@ def robust_aggregate(
         own = None
         if reference is not None and all(key in reference for key in keys):
             own = flat_updates([reference], current, keys)[0]
-        change = robust_change(updates, chosen_weights, config, own)
+        given = update_trust(updates, config, own) if config.aggregation in TRUST_RULES else None
+        change = robust_change(updates, chosen_weights, config, own, given)
         out.update(unflatten(change, current, keys))
-        if trust is not None and config.aggregation in TRUST_RULES:
-            given = update_trust(updates, config, own)
+        if trust is not None and given is not None:
             trust[group] = {i: float(t) for i, t in zip(voters, given, strict=True)}
     return out
 
