@@ -2,9 +2,10 @@
 
 The simulation is the real thing: ``flwr run`` on a local SuperLink, Flower's Ray
 backend, one client actor per core (one CPU and one torch thread each). Its rounds'
-timings come from ``results.json``: the train phase's wall time and the seconds each
-client spent inside its procedure (``client_compute_seconds``, summed over the round's
-clients) and in its whole message handler; the evaluate phase's wall time.
+timings come from ``results.json``: each phase's wall time, the seconds the clients
+spent inside their procedures (``client_compute_seconds``: training and evaluation,
+summed over the round's clients; ``eval_compute_seconds``: the evaluation's part) and in
+their whole message handlers.
 
 The limit is the same work done by hand on the same cores: a pool of as many worker
 processes as the simulation had actors (one torch thread each), which train the round's
@@ -12,18 +13,26 @@ sampled clients on their own partitions with ``client_throughput.py``'s hand-wri
 (the same samples, model, batch size, epochs, learning rate and momentum; inputs
 normalised once, ``torch.optim.SGD``, no messages, no state, no checks) longest first,
 then run one forward pass over each evaluated client's test split. Its wall time is the
-round's floor; the sum of its per-client training seconds is what the clients' compute
-would be without the framework around it.
+round's floor; the sum of its per-client training seconds is what the clients' training
+would take without the framework around it. Every worker decodes every partition before
+the first pass, so no pass pays for decoding.
 
-Two ratios, per round after the first (which decodes every partition once), and their
+The ratios, per round after the first (which decodes every partition once), and their
 medians over the rounds in the summary line:
 
 * ``sim_over_bare``: the clients' training rate inside the simulation over the bare
-  loop's, at the same concurrency (bare per-client seconds / simulated per-client
-  compute seconds, summed over the round's clients); 1.0 means the framework costs the
-  training loop nothing;
+  loop's, at the same concurrency (bare per-client training seconds / the simulated
+  clients' training seconds, ``client_compute_seconds − eval_compute_seconds``, each
+  summed over the round's clients); 1.0 means the framework costs the training loop
+  nothing. ``eval_sim_over_bare`` is the same for the forward passes of evaluation;
+* ``beyond_compute_share_of_handler``: the share of the clients' handler time, both
+  phases, outside their procedures (setup, state, reading and writing the messages);
 * ``round_over_limit``: the simulated round's wall time (train and evaluate phases) over
   the bare pool's.
+
+Beside them, how the kernel scheduled the training threads (``/proc/PID/schedstat``):
+how often the actors' and the bare workers' main threads were preempted per CPU second,
+and which share of their runnable time they waited for a CPU.
 
 The rounds' clients are known before the simulation (a dry run of the run's seeded
 sampler; the simulation must draw the same), so the bare pool runs before and after each
@@ -34,7 +43,8 @@ bare passes beside it. ``--settings`` runs one simulation per setting
 setting's cost measured against another in one run. Settings that change a round here: Flower's
 SuperExec task poll (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``), the niceness Ray gives its
 workers (``RAY_worker_niceness``, 15 unless the app or the environment says otherwise) and
-``flush-denormals``.
+``flush-denormals``. ``SCHED_POLICY=batch`` (or ``idle``) starts every process of the
+simulation under that scheduling policy.
 
 Beside the ratios, the CPU seconds of every process of the simulation by role (client
 actors, the simulation process with the ServerApp, SuperLink, SuperExec, Ray), over the
@@ -79,19 +89,33 @@ from client_throughput import bare_steps  # noqa: E402
 from simulation import TreeSampler, role_of, run_once  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
+SCHED_POLICIES = {"other": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE}
 
 # --------------------------------------------------------------- bare workers
 _WORKER: dict[str, Any] = {}
 
 
 def _start_worker(run_config: dict[str, Any], clients: int) -> None:
-    """One torch thread, the run's config and data, and a warm-up, before any timing."""
+    """One torch thread, the run's config, every partition's data decoded (no pass pays
+    for decoding, as no measured simulated round does) and a warm-up, before any timing."""
     torch.set_num_threads(1)
     config = load_config(run_config)
     set_denormals(config.flush_denormals)  # as the clients do
     key = PartitionKey.from_config(config, clients)
     _WORKER.update(config=config, key=key, info=load_info(key), data={})
+    for partition in range(clients):
+        _data(partition)
     train_client(0, warm_up=True)
+
+
+def scheduler_counts(pid: int | str = "self") -> tuple[float, float, int]:
+    """A process's main thread as the kernel's scheduler saw it so far: seconds on a CPU,
+    seconds runnable but waiting for one, and how many times it was preempted (switched
+    out while it could still run)."""
+    on_cpu, waiting, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    status = Path(f"/proc/{pid}/status").read_text()
+    preempted = int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+    return int(on_cpu) / 1e9, int(waiting) / 1e9, preempted
 
 
 def _data(partition: int):
@@ -101,19 +125,22 @@ def _data(partition: int):
     return held[partition]
 
 
-def train_client(partition: int, warm_up: bool = False) -> tuple[int, float, int]:
+def train_client(
+    partition: int, warm_up: bool = False
+) -> tuple[int, float, int, tuple[float, float, int]]:
     """The partition's training split trained by ``client_throughput.bare_steps``, the
     hand-written loop (a few batches when ``warm_up``); returns (partition, seconds,
-    samples)."""
+    samples, the worker's ``scheduler_counts`` over the training)."""
     config: RunConfig = _WORKER["config"]
     data = _data(partition)
     x, y = normalise(data.train.x.clone()), data.train.y
     if warm_up:
         x, y = x[: 20 * config.batch_size], y[: 20 * config.batch_size]
     model = build_model(_WORKER["info"], config.head_depth, config.seed, model=config.model)
-    started = time.perf_counter()
+    before, started = scheduler_counts(), time.perf_counter()
     processed = bare_steps(model, [(list(model.parameters()), model, x, y)], config)
-    return partition, time.perf_counter() - started, processed
+    seconds, after = time.perf_counter() - started, scheduler_counts()
+    return partition, seconds, processed, tuple(b - a for a, b in zip(before, after, strict=True))
 
 
 def evaluate_client(partition: int) -> tuple[int, float, int]:
@@ -140,8 +167,11 @@ def bare_round(pool, sizes: dict[int, int], trained: list[int], evaluated: list[
     eval_wall = time.perf_counter() - started
     return {
         "train_wall_s": train_wall,
-        "train_client_s": sum(s for _, s, _ in train),
-        "train_samples": sum(n for _, _, n in train),
+        "train_client_s": sum(s for _, s, _, _ in train),
+        "train_samples": sum(n for _, _, n, _ in train),
+        "train_on_cpu_s": sum(c[0] for *_, c in train),
+        "train_waiting_s": sum(c[1] for *_, c in train),
+        "train_preempted": sum(c[2] for *_, c in train),
         "eval_wall_s": eval_wall,
         "eval_client_s": sum(s for _, s, _ in evaluate),
     }
@@ -158,16 +188,40 @@ class CpuByRole(TreeSampler):
         self.roles: dict[int, str] = {}
         #: (monotonic time, {pid: CPU seconds so far}) per sample
         self.samples: list[tuple[float, dict[int, float]]] = []
+        #: {pid: ``scheduler_counts``} per sample, for the client actors' main threads
+        self.scheduling: list[dict[int, tuple[float, float, int]]] = []
 
     def sample(self) -> None:
-        seconds = {}
+        seconds, scheduling = {}, {}
         for pid in [self.root, *descendants(self.root)]:
             with contextlib.suppress(OSError, IndexError, ValueError):
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 seconds[pid] = (int(fields[11]) + int(fields[12])) / TICKS
                 if self.roles.get(pid) != "client actor":  # a Ray worker names it late
                     self.roles[pid] = role_of(pid)
+                if self.roles[pid] == "client actor":
+                    scheduling[pid] = scheduler_counts(pid)
         self.samples.append((time.monotonic(), seconds))
+        self.scheduling.append(scheduling)
+
+    def window(self, last_seconds: float) -> tuple[int, int]:
+        """The indices of the samples that open and close the ``last_seconds`` before
+        the client actors ended."""
+        times = [t for t, _ in self.samples]
+        actors = [i for i, (_, seconds) in enumerate(self.samples)
+                  if any(self.roles.get(pid) == "client actor" for pid in seconds)]  # fmt: skip
+        end = actors[-1] if actors else len(times) - 1
+        start = next((i for i in range(end, -1, -1) if times[i] <= times[end] - last_seconds), 0)
+        return start, end
+
+    def actor_scheduling(self, last_seconds: float) -> tuple[float, float, int]:
+        """The client actors' main threads over the ``last_seconds`` before they ended:
+        ``scheduler_counts`` summed over the actors."""
+        start, end = self.window(last_seconds)
+        before, after = self.scheduling[start], self.scheduling[end]
+        deltas = [tuple(b - a for a, b in zip(before[pid], after[pid], strict=True))
+                  for pid in after if pid in before]  # fmt: skip
+        return tuple(sum(d[i] for d in deltas) for i in range(3))  # type: ignore[return-value]
 
     def by_role(self, last_seconds: float | None = None) -> dict[str, float]:
         """CPU seconds by role over the whole run, or over the ``last_seconds`` before the
@@ -176,11 +230,8 @@ class CpuByRole(TreeSampler):
             before, after = {}, {pid: cpu for _, seconds in self.samples
                                  for pid, cpu in seconds.items()}  # fmt: skip
         else:
-            actors = [t for t, seconds in self.samples
-                      if any(self.roles.get(pid) == "client actor" for pid in seconds)]  # fmt: skip
-            end = actors[-1] if actors else self.samples[-1][0]
-            before = next((s for t, s in reversed(self.samples) if t <= end - last_seconds), {})
-            after = next(seconds for t, seconds in reversed(self.samples) if t <= end)
+            start, end = self.window(last_seconds)
+            before, after = self.samples[start][1], self.samples[end][1]
         totals: dict[str, float] = {}
         for pid, cpu in after.items():
             role = self.roles.get(pid, "other")
@@ -191,17 +242,25 @@ class CpuByRole(TreeSampler):
 def simulated(
     args: argparse.Namespace, work: Path, run_config: dict[str, Any], env: dict[str, str]
 ) -> tuple[dict, CpuByRole, float]:
-    """The run's results.json, its processes' CPU, and its wall seconds."""
+    """The run's results.json, its processes' CPU, and its wall seconds. ``SCHED_POLICY``
+    in ``env`` (``batch``, ``idle``, ``other``) is no variable: every process of the
+    simulation starts under that scheduling policy (``sched(7)``; they inherit it)."""
     env = {**HF_OFFLINE_ENV, **env}
-    with LocalSuperLink(work / "flwr_home", extra_env=env) as superlink:
-        cpu = CpuByRole(superlink.process.pid)
-        cpu.start()
-        started = time.perf_counter()
-        try:
-            results = run_once(superlink, run_config, args.clients, cpus=1)
-        finally:
-            cpu.stop()
-        return results, cpu, time.perf_counter() - started
+    policy = SCHED_POLICIES[env.pop("SCHED_POLICY", "other")]
+    own = os.sched_getscheduler(0), os.sched_getparam(0)
+    os.sched_setscheduler(0, policy, os.sched_param(0))  # this thread, which starts them
+    try:
+        with LocalSuperLink(work / "flwr_home", extra_env=env) as superlink:
+            cpu = CpuByRole(superlink.process.pid)
+            cpu.start()
+            started = time.perf_counter()
+            try:
+                results = run_once(superlink, run_config, args.clients, cpus=1)
+            finally:
+                cpu.stop()
+            return results, cpu, time.perf_counter() - started
+    finally:
+        os.sched_setscheduler(0, *own)
 
 
 def train_sizes(run_config: dict[str, Any], clients: int) -> dict[int, int]:
@@ -308,7 +367,10 @@ def main() -> None:
         print_cpu(f"the measured rounds (the last {measured_s:.1f} s of the actors' life)",
                   in_rounds, measured_s)  # fmt: skip
         around = sum(s for role, s in in_rounds.items() if role != "client actor")
-        these = {**summary(rows), "cpu_outside_actors_cores": f"{around / measured_s:.3f}"}
+        scheduling = scheduling_figures(cpu.actor_scheduling(measured_s), bare[index : index + 2])
+        these = {**summary(rows), "cpu_outside_actors_cores": f"{around / measured_s:.3f}",
+                 **scheduling}  # fmt: skip
+        print_scheduling(these)
         prefix = "" if len(runs) == 1 else f"run{index + 1}_"
         figures |= {prefix + key: value for key, value in these.items()}
         report.append({"setting": setting, "rows": rows, "summary": these,
@@ -319,25 +381,38 @@ def main() -> None:
 
 
 def row(simulated_round: dict[str, Any], first: dict, second: dict) -> dict[str, float]:
+    """One round's figures. A record's ``client_compute_seconds`` holds both phases'
+    client work; its ``eval_compute_seconds`` is the evaluation's part, so the training's
+    is the difference: that, and only that, is set against the bare training."""
     bare = {k: (first[k] + second[k]) / 2 for k in first}
     sim_wall = simulated_round["train_seconds"] + simulated_round["eval_seconds"]
     limit = bare["train_wall_s"] + bare["eval_wall_s"]
+    compute, handler = (
+        simulated_round["client_compute_seconds"],
+        simulated_round["client_handler_seconds"],
+    )
+    eval_compute = simulated_round["eval_compute_seconds"]
     return {
         "round": simulated_round["round"],
         "samples": bare["train_samples"],
         "sim_train_s": simulated_round["train_seconds"],
-        "sim_client_compute_s": simulated_round["client_compute_seconds"],
-        "sim_client_handler_s": simulated_round["client_handler_seconds"],
+        "sim_train_compute_s": compute - eval_compute,
+        "sim_eval_compute_s": eval_compute,
+        "sim_client_handler_s": handler,
         "sim_eval_s": simulated_round["eval_seconds"],
         "sim_client_setup_s": simulated_round.get("client_setup_seconds", 0.0),
         "sim_client_state_s": simulated_round.get("client_state_seconds", 0.0),
         "bare_train_s": bare["train_wall_s"],
         "bare_client_s": bare["train_client_s"],
         "bare_eval_s": bare["eval_wall_s"],
+        "bare_eval_client_s": bare["eval_client_s"],
         "bare_passes_differ": abs(first["train_wall_s"] - second["train_wall_s"])
         / max(bare["train_wall_s"], 1e-9),
-        "sim_over_bare": bare["train_client_s"] / simulated_round["client_compute_seconds"],
-        "handler_over_bare": bare["train_client_s"] / simulated_round["client_handler_seconds"],
+        "sim_over_bare": bare["train_client_s"] / (compute - eval_compute),
+        "eval_sim_over_bare": bare["eval_client_s"] / eval_compute
+        if eval_compute
+        else float("nan"),
+        "beyond_compute_share": (handler - compute) / handler,
         "train_over_limit": simulated_round["train_seconds"] / bare["train_wall_s"],
         "eval_over_limit": (
             simulated_round["eval_seconds"] / bare["eval_wall_s"]
@@ -346,10 +421,8 @@ def row(simulated_round: dict[str, Any], first: dict, second: dict) -> dict[str,
         ),  # fmt: skip
         "round_over_limit": sim_wall / limit,
         "sim_round_s": sim_wall,
-        "state_share": simulated_round.get("client_state_seconds", 0.0)
-        / simulated_round["client_handler_seconds"],
-        "setup_share": simulated_round.get("client_setup_seconds", 0.0)
-        / simulated_round["client_handler_seconds"],
+        "state_share": simulated_round.get("client_state_seconds", 0.0) / handler,
+        "setup_share": simulated_round.get("client_setup_seconds", 0.0) / handler,
     }
 
 
@@ -361,13 +434,15 @@ def print_table(
           f"{args.workers} actors / workers of one thread, setting: {shown}; "
           f"run config: {run_config}")  # fmt: skip
     print(
-        "round | samples | sim train s | Σ compute s | Σ handler s | Σ setup s | Σ state s "
-        "| bare train s | Σ bare s | sim eval s | bare eval s | sim/bare | round/limit"
+        "round | samples | sim train s | Σ train compute s | Σ eval compute s | Σ handler s "
+        "| Σ setup s | Σ state s | bare train s | Σ bare s | sim eval s | bare eval s "
+        "| sim/bare | round/limit"
     )
     for r in rows:
         print(
             f"{r['round']:5d} | {r['samples']:7.0f} | {r['sim_train_s']:11.1f} | "
-            f"{r['sim_client_compute_s']:11.1f} | {r['sim_client_handler_s']:11.1f} | "
+            f"{r['sim_train_compute_s']:17.1f} | {r['sim_eval_compute_s']:16.1f} | "
+            f"{r['sim_client_handler_s']:11.1f} | "
             f"{r['sim_client_setup_s']:9.2f} | {r['sim_client_state_s']:9.2f} | "
             f"{r['bare_train_s']:12.1f} | {r['bare_client_s']:8.1f} | {r['sim_eval_s']:10.1f} | "
             f"{r['bare_eval_s']:11.1f} | {r['sim_over_bare']:8.3f} | {r['round_over_limit']:.3f}"
@@ -383,6 +458,34 @@ def print_cpu(what: str, by_role: dict[str, float], wall: float) -> None:
               f"{seconds / wall:5.2f} cores")  # fmt: skip
 
 
+def scheduling_figures(
+    actors: tuple[float, float, int], bare_passes: list[list[dict]]
+) -> dict[str, str]:
+    """How the kernel treated the training: per CPU second, how often the client actors'
+    main threads (over the measured rounds, evaluation included) and the bare workers
+    (over their training, in the passes beside the run) were preempted, and the share of
+    their runnable time spent waiting for a CPU."""
+    on_cpu, waiting, preempted = actors
+    bare = [sum(r[key] for passes in bare_passes for r in passes)
+            for key in ("train_on_cpu_s", "train_waiting_s", "train_preempted")]  # fmt: skip
+    return {
+        "actor_preempted_per_cpu_s": f"{preempted / max(on_cpu, 1e-9):.1f}",
+        "bare_preempted_per_cpu_s": f"{bare[2] / max(bare[0], 1e-9):.1f}",
+        "actor_waiting_share": f"{waiting / max(on_cpu + waiting, 1e-9):.3f}",
+        "bare_waiting_share": f"{bare[1] / max(bare[0] + bare[1], 1e-9):.3f}",
+    }
+
+
+def print_scheduling(figures: dict[str, str]) -> None:
+    print(
+        "Scheduling of the training threads: preempted per CPU second "
+        f"{figures['actor_preempted_per_cpu_s']} (actors) / "
+        f"{figures['bare_preempted_per_cpu_s']} (bare workers); waiting for a CPU "
+        f"{figures['actor_waiting_share']} / {figures['bare_waiting_share']} of their "
+        "runnable time"
+    )
+
+
 def summary(rows: list[dict]) -> dict[str, Any]:
     """Medians of the per-round figures: a round that a stall outside the run slowed
     (a shared machine) moves a median little and a sum a lot."""
@@ -392,7 +495,8 @@ def summary(rows: list[dict]) -> dict[str, Any]:
 
     return {
         "sim_over_bare": f"{median('sim_over_bare'):.3f}",
-        "handler_over_bare": f"{median('handler_over_bare'):.3f}",
+        "eval_sim_over_bare": f"{median('eval_sim_over_bare'):.3f}",
+        "beyond_compute_share_of_handler": f"{median('beyond_compute_share'):.4f}",
         "train_over_limit": f"{median('train_over_limit'):.3f}",
         "eval_over_limit": f"{median('eval_over_limit'):.3f}",
         "round_over_limit": f"{median('round_over_limit'):.3f}",

@@ -408,7 +408,7 @@ class PersonalizedStrategy(Strategy):
                 reference = self.root_reference(server_round, processed)
             trust: dict[str, dict[int, float]] = {}
             merged = robust_aggregate([a for a, _ in updates], weights, self._current,
-                                      self.config, reference, trust)  # fmt: skip
+                                      self.config, reference, trust, server_round)  # fmt: skip
             self.update_trust = {group: self.by_partition(updates, given)
                                  for group, given in trust.items()}  # fmt: skip
             return merged

@@ -32,6 +32,12 @@ the rule with their own weights (base by |D_k|, head by e_k):
 - ``fltrust``: FLTrust itself (Alg. 1), the reference trained by the server on its root
   dataset (``strategies/root_reference.py``); every update is rescaled to that update's
   norm and averaged with weight × trust.
+- ``flame``: FLAME's filtering and clipping (Nguyen et al., USENIX Security 2022,
+  "FLAME: taming backdoors in federated learning", Alg. 1): only the models of the
+  tightest majority by cosine distance are admitted (:func:`majority_cluster`); their
+  updates are clipped at the median norm of all the round's updates and averaged (with
+  the group weights: ours; FLAME's average is plain), and ``flame-noise`` λ adds
+  Gaussian noise of standard deviation λ × that median.
 
 :func:`norm_outliers` is the bound every run has on by default (``update-norm-factor``).
 """
@@ -45,6 +51,7 @@ import numpy as np
 
 from fedreg_app.core.config import RunConfig
 from fedreg_app.core.models import group_of
+from fedreg_app.core.seeds import rng
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -69,6 +76,13 @@ def flat_updates(replies: Sequence[Arrays], current: Arrays, keys: Sequence[str]
         for r in replies
     ]
     return np.stack(rows) if rows else np.zeros((0, 0))
+
+
+def flat_values(current: Arrays, keys: Sequence[str]) -> np.ndarray:
+    """(d,) float64: ``current``'s values of ``keys``, flattened as :func:`flat_updates`."""
+    if not keys:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(current[k], np.float64).ravel() for k in keys])
 
 
 def unflatten(flat: np.ndarray, current: Arrays, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -178,16 +192,92 @@ def trust_cosines(updates: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
 
 
-#: The rules that weight each update by its trust (the ReLU of a cosine).
-TRUST_RULES = ("cosine-trust", "fltrust")
+def cosine_distances(vectors: np.ndarray) -> np.ndarray:
+    """(n, n): 1 − the cosine of each pair (1 where either vector is zero)."""
+    norms = np.linalg.norm(vectors, axis=1)
+    unit = np.divide(vectors, norms[:, None], out=np.zeros_like(vectors), where=norms[:, None] > 0)
+    distances = 1.0 - unit @ unit.T
+    distances[(norms == 0)[:, None] | (norms == 0)[None, :]] = 1.0
+    np.fill_diagonal(distances, 0.0)
+    return np.maximum(distances, 0.0)
+
+
+def majority_cluster(models: np.ndarray) -> np.ndarray:
+    """FLAME's filter: which of the n ``models`` (rows) are admitted.
+
+    FLAME clusters the models by their pairwise cosine distances with HDBSCAN, minimum
+    cluster size ⌊n/2⌋ + 1, one sample per core and a single cluster allowed, and admits
+    the cluster's members. With one sample per core HDBSCAN's mutual reachability is the
+    distance itself (single linkage); with a minimum size above n/2 there is one
+    cluster, whose members are the models still together when it breaks up. Those are
+    the first single-linkage component (closest pairs joined first) to hold ⌊n/2⌋ + 1
+    models, which is what this computes (scikit-learn's ``HDBSCAN`` labels the same)."""
+    n = models.shape[0]
+    need = n // 2 + 1
+    if n <= 2:
+        return np.ones(n, dtype=bool)
+    distances = cosine_distances(models)
+    rows, cols = np.triu_indices(n, k=1)
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    size = [1] * n
+    for edge in np.argsort(distances[rows, cols], kind="stable"):
+        a, b = root(int(rows[edge])), root(int(cols[edge]))
+        if a == b:
+            continue
+        parent[b] = a
+        size[a] += size[b]
+        if size[a] >= need:
+            return np.asarray([root(i) == a for i in range(n)])
+    return np.ones(n, dtype=bool)  # unreachable: the last union joins all n
+
+
+def flame(
+    updates: np.ndarray,
+    weights: np.ndarray,
+    admitted: np.ndarray,
+    noise: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> np.ndarray:
+    """FLAME's aggregate of the ``admitted`` updates: each clipped at the median norm of
+    all the round's updates, averaged with its weight, plus Gaussian noise of standard
+    deviation ``noise`` × that median."""
+    norms = np.linalg.norm(updates, axis=1)
+    bound = float(np.median(norms))
+    scale = np.where(norms > bound, bound / np.maximum(norms, 1e-300), 1.0)
+    change = weighted_mean(updates * scale[:, None], weights * admitted)
+    if noise > 0 and bound > 0:
+        if rng is None:
+            raise ValueError("flame-noise > 0 needs a seeded generator")
+        change = change + rng.normal(0.0, noise * bound, change.shape)
+    return change
+
+
+#: The rules that weight each update by its trust (the ReLU of a cosine; FLAME's: 1
+#: admitted, 0 not).
+TRUST_RULES = ("cosine-trust", "fltrust", "flame")
 
 
 def update_trust(
-    updates: np.ndarray, config: RunConfig, reference: np.ndarray | None = None
+    updates: np.ndarray,
+    config: RunConfig,
+    reference: np.ndarray | None = None,
+    start: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The trust a trust rule gives each update (before its group weight): the ReLU of
-    its cosine with the server's update (``fltrust``), else :func:`median_trust` (a
-    group the server's training did not move is judged as ``cosine-trust`` judges it)."""
+    """The trust a trust rule gives each update (before its group weight): under
+    ``flame``, 1 for the models (``start`` + update, ``start`` the group's global values)
+    that :func:`majority_cluster` admits and 0 for the others; the ReLU of its cosine
+    with the server's update (``fltrust``); else :func:`median_trust` (a group the
+    server's training did not move is judged as ``cosine-trust`` judges it)."""
+    if config.aggregation == "flame":
+        models = updates if start is None else updates + start[None, :]
+        return majority_cluster(models).astype(np.float64)
     if config.aggregation == "fltrust" and reference is not None and reference.any():
         return np.maximum(trust_cosines(updates, reference), 0.0)
     return median_trust(updates)
@@ -199,13 +289,18 @@ def robust_change(
     config: RunConfig,
     reference: np.ndarray | None = None,
     trust: np.ndarray | None = None,
+    rng: np.random.Generator | None = None,
 ) -> np.ndarray:
     """The group's aggregated change under ``aggregation`` (never "mean"). ``reference``:
     the server's own update of the group (``fltrust``); where it did not move the group
     (a group the root training does not train), the round's median stands in for it, as
     in ``cosine-trust``. ``trust``: the trust rules' :func:`update_trust`, where the
-    caller has it already."""
+    caller has it already (``flame`` clusters the updates themselves without it).
+    ``rng``: the seeded generator of ``flame``'s noise."""
     rule = config.aggregation
+    if rule == "flame":
+        admitted = update_trust(updates, config) if trust is None else trust
+        return flame(updates, weights, admitted, config.flame_noise, rng)
     if rule in TRUST_RULES:
         trust = update_trust(updates, config, reference) if trust is None else trust
         if rule == "fltrust" and reference is not None and reference.any():
@@ -232,13 +327,15 @@ def robust_aggregate(
     config: RunConfig,
     reference: Arrays | None = None,
     trust: dict[str, dict[int, float]] | None = None,
+    server_round: int = 0,
 ) -> dict[str, np.ndarray]:
     """New values of each group in ``weights`` (group -> each reply's weight): the global
     model plus the rule's change, over the replies with a positive weight for it.
     ``reference``: the server's own trained values (``fltrust``), judged as a reply.
-    ``trust``, filled under a trust rule: group -> {reply index: its trust}."""
+    ``trust``, filled under a trust rule: group -> {reply index: its trust}.
+    ``server_round`` seeds ``flame``'s noise, with the group's place among the groups."""
     out: dict[str, np.ndarray] = {}
-    for group, group_weights in weights.items():
+    for index, (group, group_weights) in enumerate(weights.items()):
         keys = group_keys(replies[0], group)
         voters = [i for i, w in enumerate(group_weights) if w > 0]
         if not keys or not voters:
@@ -248,8 +345,11 @@ def robust_aggregate(
         own = None
         if reference is not None and all(key in reference for key in keys):
             own = flat_updates([reference], current, keys)[0]
-        given = update_trust(updates, config, own) if config.aggregation in TRUST_RULES else None
-        change = robust_change(updates, chosen_weights, config, own, given)
+        start = flat_values(current, keys) if config.aggregation == "flame" else None
+        given = (update_trust(updates, config, own, start)
+                 if config.aggregation in TRUST_RULES else None)  # fmt: skip
+        noise = rng(config.seed, "flame-noise", server_round, index) if config.flame_noise else None
+        change = robust_change(updates, chosen_weights, config, own, given, noise)
         out.update(unflatten(change, current, keys))
         if trust is not None and given is not None:
             trust[group] = {i: float(t) for i, t in zip(voters, given, strict=True)}

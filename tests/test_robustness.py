@@ -28,8 +28,10 @@ from strategies.robust import (
     bound,
     coordinate_median,
     cosine_trust,
+    flame,
     fltrust,
     krum_selection,
+    majority_cluster,
     norm_outliers,
     robust_aggregate,
     robust_change,
@@ -75,7 +77,17 @@ def test_krum_picks_an_update_of_the_majority_and_multi_krum_the_m_best() -> Non
 
 
 @pytest.mark.parametrize(
-    "rule", ["median", "trimmed-mean", "krum", "multi-krum", "norm-clip", "cosine-trust", "fltrust"]
+    "rule",
+    [
+        "median",
+        "trimmed-mean",
+        "krum",
+        "multi-krum",
+        "norm-clip",
+        "cosine-trust",
+        "fltrust",
+        "flame",
+    ],
 )
 def test_each_rule_keeps_a_1e30_reply_out_of_both_groups(rule: str) -> None:
     replies = [reply(1.0, 2.0), reply(1.2, 2.2), reply(0.8, 1.8), reply(1.1, 2.1),
@@ -153,7 +165,7 @@ def test_the_trust_rules_report_each_replys_trust_and_other_rules_none() -> None
     """Per group and reply: a reply reversed from the rest gets 0, as it had no weight."""
     replies = [reply(1.0, 2.0), reply(1.2, 2.2), reply(0.8, 1.8), reply(-3.0, -6.0)]
     weights = {"base": [1.0] * 4, "head_g": [1.0] * 4}
-    for rule, server in (("cosine-trust", None), ("fltrust", reply(1.0, 1.0))):
+    for rule, server in (("cosine-trust", None), ("fltrust", reply(1.0, 1.0)), ("flame", None)):
         trust: dict[str, dict[int, float]] = {}
         robust_aggregate(replies, weights, CURRENT, config(aggregation=rule), server, trust)
         assert set(trust) == {"base", "head_g"}
@@ -162,6 +174,84 @@ def test_the_trust_rules_report_each_replys_trust_and_other_rules_none() -> None
     trust = {}
     robust_aggregate(replies, weights, CURRENT, config(aggregation="median"), None, trust)
     assert trust == {}
+
+
+def test_flame_admits_the_tightest_majority_by_cosine_distance() -> None:
+    """Three models that point one way and two that do not: ⌊5/2⌋ + 1 = 3 are admitted,
+    the three; with four close ones, the first three to join (closest pairs first)."""
+    models = np.array([[1.0, 0.1], [1.0, 0.12], [1.0, 0.08], [-1.0, 0.5], [0.2, 1.0]])
+    assert majority_cluster(models).tolist() == [True, True, True, False, False]
+    models = np.array([[1.0, 0.0], [1.0, 0.01], [1.0, 0.03], [1.0, 0.1], [-1.0, 0.0]])
+    assert majority_cluster(models).tolist() == [True, True, True, False, False]
+    assert majority_cluster(np.ones((2, 3))).tolist() == [True, True]  # ⌊2/2⌋ + 1 = 2
+    zero = np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 0.0]])  # a zero model is at distance 1
+    assert majority_cluster(zero).tolist() == [True, True, False]
+
+
+def test_flames_filter_labels_as_scikit_learns_hdbscan_does() -> None:
+    """FLAME's HDBSCAN settings (minimum cluster size ⌊n/2⌋ + 1, one sample per core, a
+    single cluster allowed) on precomputed cosine distances, against ours, on random
+    rounds of honest models around one direction and liars around others."""
+    hdbscan = pytest.importorskip("sklearn.cluster").HDBSCAN
+    from strategies.robust import cosine_distances
+
+    generator = np.random.default_rng(7)
+    for trial in range(60):
+        n = int(generator.integers(3, 16))
+        liars = int(generator.integers(0, (n - 1) // 2 + 1))
+        centre = generator.normal(size=20)
+        honest = centre + generator.normal(scale=generator.uniform(0.1, 1.5), size=(n - liars, 20))
+        lying = generator.normal(size=(liars, 20)) * 2
+        models = np.concatenate([honest, lying])[generator.permutation(n)]
+        clusterer = hdbscan(min_cluster_size=n // 2 + 1, min_samples=1, allow_single_cluster=True,
+                            metric="precomputed", copy=True)  # fmt: skip
+        labels = clusterer.fit(cosine_distances(models)).labels_
+        assert (labels >= 0).tolist() == majority_cluster(models).tolist(), trial
+
+
+def test_flame_clips_the_admitted_at_the_median_norm_of_all_and_weights_them() -> None:
+    updates = np.array([[3.0, 0.0], [1.0, 0.0], [2.0, 0.0], [-9.0, 0.0]])
+    admitted = np.array([1.0, 1.0, 1.0, 0.0])
+    # median norm of all four: 2.5; clipped: 2.5, 1, 2 (the liar left out), weights 1, 2, 1
+    change = flame(updates, np.array([1.0, 2.0, 1.0, 5.0]), admitted)
+    assert change == pytest.approx([(2.5 + 2 * 1.0 + 2.0) / 4, 0.0])
+
+
+def test_flames_noise_is_lambda_times_the_median_norm_and_seeded() -> None:
+    updates = np.zeros((4, 20_000))
+    updates[:, 0] = [1.0, 2.0, 3.0, 4.0]  # median norm 2.5
+    admitted = np.ones(4)
+    plain = flame(updates, np.ones(4), admitted)
+    noisy = flame(updates, np.ones(4), admitted, 0.01, np.random.default_rng(1))
+    assert (noisy - plain)[1:].std() == pytest.approx(0.025, rel=0.03)
+    again = flame(updates, np.ones(4), admitted, 0.01, np.random.default_rng(1))
+    assert np.array_equal(noisy, again)
+    with pytest.raises(ValueError, match="seeded"):
+        flame(updates, np.ones(4), admitted, 0.01)
+    replies = [reply(1.0, 2.0), reply(1.2, 2.2), reply(0.8, 1.8)]
+    weights = {"base": [1.0] * 3, "head_g": [1.0] * 3}
+    settings = config(aggregation="flame", **{"flame-noise": 0.1})
+    rounds = [
+        robust_aggregate(replies, weights, CURRENT, settings, server_round=r) for r in (1, 1, 2)
+    ]
+    assert np.array_equal(rounds[0]["base.0.weight"], rounds[1]["base.0.weight"])
+    assert not np.array_equal(rounds[0]["base.0.weight"], rounds[2]["base.0.weight"])
+
+
+def test_flame_leaves_a_label_flipping_minority_out_of_the_head() -> None:
+    """Honest heads move one way from the global model, two liars' another: FLAME's
+    admitted set is the honest majority, on the models (global + update) as in FLAME."""
+    current = {"base.0.weight": np.ones((2, 2), np.float32),
+               "head_g.0.bias": np.array([1.0, 1.0], np.float32)}  # fmt: skip
+    honest = [np.array([1.5, 0.6]), np.array([1.6, 0.5]), np.array([1.4, 0.55])]
+    liars = [np.array([0.5, 1.5]), np.array([0.45, 1.6])]
+    replies = [{"base.0.weight": np.full((2, 2), 1.1, np.float32),
+                "head_g.0.bias": head.astype(np.float32)} for head in honest + liars]  # fmt: skip
+    trust: dict[str, dict[int, float]] = {}
+    merged = robust_aggregate(replies, {"base": [1.0] * 5, "head_g": [1.0] * 5}, current,
+                              config(aggregation="flame"), None, trust)  # fmt: skip
+    assert trust["head_g"] == {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}
+    assert merged["head_g.0.bias"][0] > 1.0 > merged["head_g.0.bias"][1]
 
 
 def test_fltrust_judges_a_group_the_server_did_not_move_by_the_median() -> None:
@@ -282,6 +372,7 @@ def test_checks_bound_and_aggregation_decode_each_reply_once(monkeypatch) -> Non
         ({"krum-byzantine": -1}, "krum-byzantine=-1"),
         ({"clip-norm": -1.0}, "clip-norm=-1.0"),
         ({"fltrust-root-samples": 0}, "fltrust-root-samples=0"),
+        ({"flame-noise": -0.1}, "flame-noise=-0.1"),
         ({"attack": "flood"}, "attack='flood'"),
         ({"attack": "scale"}, "attack-fraction=0.0"),
         ({"attack-fraction": 1.5}, "attack-fraction=1.5"),
@@ -430,6 +521,25 @@ def test_fltrust_runs_through_the_server_app_and_the_same_seed_gives_the_same_mo
         assert set(trust) == {"base", "head_g"}
         assert all(set(t) == {str(p) for p in record["sampled_clients"]} for t in trust.values())
         assert all(0 <= v <= 1 for t in trust.values() for v in t.values())
+
+
+def test_flame_runs_through_the_server_app_and_records_whom_it_admitted(
+    federation: dict[str, Any], tmp_path: Path
+) -> None:
+    """A real run under ``flame`` with a label-flipping liar: it completes, and every
+    round records, per group and sampled partition, 1 (admitted) or 0, a majority of
+    each round's replies admitted."""
+    lying = {**federation, "aggregation": "flame", "attack": "label-flip",
+             "attack-fraction": 0.25}  # fmt: skip
+    run_server(lying)
+    document = results(tmp_path / "results")
+    assert document["run"]["status"] == "completed"
+    assert all(np.isfinite(v).all() for v in final_model(tmp_path / "results").values())
+    for record in document["rounds"]:
+        for given in record["update_trust"].values():
+            assert set(given) <= {str(p) for p in record["sampled_clients"]}
+            assert set(given.values()) <= {0.0, 1.0}
+            assert sum(given.values()) >= len(given) // 2 + 1
 
 
 def test_without_liars_no_honest_figure_is_written(

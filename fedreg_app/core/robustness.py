@@ -22,6 +22,7 @@ AGGREGATIONS = (
     "norm-clip",
     "cosine-trust",
     "fltrust",
+    "flame",
 )
 ATTACKS = ("none", "scale", "sign-flip", "label-flip", "noise", "replay")
 
@@ -46,13 +47,15 @@ AGGREGATION = core_key(
     "`norm-clip`, clipped then averaged; `cosine-trust`, clipped then averaged with each "
     "update's weight times the ReLU of its cosine with the coordinate-wise median; "
     "`fltrust`, each update rescaled to the norm of an update the server trains on a "
-    "root dataset and averaged with its weight times the ReLU of its cosine with it. See "
-    "the [robustness page](robustness.md).",
+    "root dataset and averaged with its weight times the ReLU of its cosine with it; "
+    "`flame`, the updates of the tightest majority of the replies by cosine distance, "
+    "clipped at the round's median norm and averaged. See the "
+    "[robustness page](robustness.md).",
     source="`mean`: every source; the others: Yin et al. 2018, Blanchard et al. 2017, "
     "Sun et al. 2019; `fltrust`: Cao et al. 2021 (the group weight kept as a factor and "
-    "the server's passes matched to the median client's samples: ours); `cosine-trust`: "
-    "our variant of FLTrust, with the round's median in place of the server's root-data "
-    "update",
+    "the server's passes matched to the median client's samples: ours); `flame`: Nguyen "
+    "et al. 2022 (the group weight kept among the admitted: ours); `cosine-trust`: our "
+    "variant of FLTrust, with the round's median in place of the server's root-data update",
 )
 TRIM_FRACTION = core_key(
     0.2,
@@ -85,6 +88,14 @@ FLTRUST_ROOT_SAMPLES = core_key(
     "union of the clients' train splits, on which the server trains its reference update "
     "every round.",
     source="Cao et al. 2021 (100 root examples, drawn uniformly from the training data)",
+)
+FLAME_NOISE = core_key(
+    0.0,
+    "a number >= 0",
+    doc="λ of `flame`: Gaussian noise of standard deviation λ × the round's median update "
+    "norm added to each group's aggregate, against backdoors; 0: none.",
+    source="Nguyen et al. 2022 (σ = λ · S_t, λ set per application); 0: the attacks "
+    "simulated here are untargeted, where the noise only costs accuracy",
 )
 ATTACK = core_key(
     "none",
@@ -140,6 +151,7 @@ class RobustnessSettings(Protocol):
     multi_krum_keep: int
     clip_norm: float
     fltrust_root_samples: int
+    flame_noise: float
     attack: str
     attack_fraction: float
     attack_scale: float
@@ -165,6 +177,8 @@ def check_robustness(config: RobustnessSettings) -> None:
     roots = config.fltrust_root_samples
     if isinstance(roots, bool) or not isinstance(roots, int) or roots < 1:
         fail("fltrust-root-samples", roots, "an integer >= 1")
+    if not config.flame_noise >= 0:
+        fail("flame-noise", config.flame_noise, "a number >= 0 (0: no noise)")
     if config.aggregation != "mean" and config.dp_mode == "central":
         fail("aggregation", config.aggregation, "'mean' with dp-mode='central' (its noise "
              "is calibrated to the weighted average's sensitivity)")  # fmt: skip

@@ -54,6 +54,7 @@ STREAMS: dict[str, tuple[int, ...]] = {
     "fedcp-gumbel": (0xFC6,),
     "fltrust-root": (0xF17,),
     "fltrust-shuffle": (0xF15,),
+    "flame-noise": (0xF1A,),
 }
 
 
