@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -72,10 +73,16 @@ def partition_test_sizes(key: Any) -> dict[int, int]:
 
 
 def liars_of(run: RunResult) -> frozenset[int]:
+    """The partitions that lied in ``run`` (its config read once per distinct config)."""
+    config = json.dumps(run.document["config"], sort_keys=True)
+    return liars_of_config(config, int(run.document["run"]["num_clients"]))
+
+
+@functools.cache
+def liars_of_config(config: str, num_clients: int) -> frozenset[int]:
     from fedreg_app.registry import load_config
 
-    config = load_config(run.document["config"])
-    return attackers(config, int(run.document["run"]["num_clients"]))
+    return attackers(load_config(json.loads(config)), num_clients)
 
 
 def honest_personal(
