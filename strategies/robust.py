@@ -248,10 +248,8 @@ def flame(
     """FLAME's aggregate of the ``admitted`` updates: each clipped at the median norm of
     all the round's updates, averaged with its weight, plus Gaussian noise of standard
     deviation ``noise`` × that median."""
-    norms = np.linalg.norm(updates, axis=1)
-    bound = float(np.median(norms))
-    scale = np.where(norms > bound, bound / np.maximum(norms, 1e-300), 1.0)
-    change = weighted_mean(updates * scale[:, None], weights * admitted)
+    bound = float(np.median(np.linalg.norm(updates, axis=1)))
+    change = clipped_mean(updates, weights * admitted, bound)
     if noise > 0 and bound > 0:
         if rng is None:
             raise ValueError("flame-noise > 0 needs a seeded generator")
@@ -348,8 +346,9 @@ def robust_aggregate(
         start = flat_values(current, keys) if config.aggregation == "flame" else None
         given = (update_trust(updates, config, own, start)
                  if config.aggregation in TRUST_RULES else None)  # fmt: skip
-        noise = rng(config.seed, "flame-noise", server_round, index) if config.flame_noise else None
-        change = robust_change(updates, chosen_weights, config, own, given, noise)
+        noise_rng = (rng(config.seed, "flame-noise", server_round, index)
+                     if config.aggregation == "flame" and config.flame_noise else None)  # fmt: skip
+        change = robust_change(updates, chosen_weights, config, own, given, noise_rng)
         out.update(unflatten(change, current, keys))
         if trust is not None and given is not None:
             trust[group] = {i: float(t) for i, t in zip(voters, given, strict=True)}
