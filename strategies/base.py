@@ -18,7 +18,7 @@ parameter group in the weighted average (FedReG: base by |D_k|, head_g by e_k).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
@@ -54,8 +54,8 @@ from fedreg_app.core.protocol import (
 from fedreg_app.core.records import from_record, to_record
 from fedreg_app.core.robustness import attackers
 from strategies.replies import ReplyLedger, RunFacts, eval_reply_problem, train_reply_problem
-from strategies.robust import bound, robust_aggregate
-from strategies.root_reference import RootReference
+from strategies.robust import bound, removal_verdicts, robust_aggregate
+from strategies.root_reference import ROOT_RULES, RootReference
 from strategies.sampling import ClientSampler, addressed_messages, held_state_versions, sample_size
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class PersonalizedStrategy(Strategy):
         self._decoded: dict[int, tuple[Message, dict[str, np.ndarray]]] = {}
         #: The server's model, once ``prepare_model`` has been given it.
         self.model: SplitModel | None = None
-        #: ``fltrust``'s root dataset and the model the server trains on it.
+        #: The root dataset of ``fltrust`` and ``lfr``, and the server's copy of the model.
         self.root: RootReference | None = None
         #: What accepted replies said, which later replies must repeat (checkpointed).
         self.ledger = ReplyLedger()
@@ -149,7 +149,8 @@ class PersonalizedStrategy(Strategy):
         #: Per group, the largest update-norm ratio among this round's accepted replies.
         self.norm_ratio_max: dict[str, float] = {}
         #: Under a trust rule, the last aggregation's trust in each update: group ->
-        #: {partition: ReLU of its cosine with the reference} (0: no weight).
+        #: {partition: ReLU of its cosine with the reference} (0: no weight); under
+        #: ``flame`` and ``lfr``, 1 (admitted, kept) or 0.
         self.update_trust: dict[str, dict[str, float]] = {}
         #: New clients: partitions held out of training, evaluated apart (``held_out``).
         self.held_out: frozenset[int] = frozenset()
@@ -406,9 +407,13 @@ class PersonalizedStrategy(Strategy):
             if self.config.aggregation == "fltrust":
                 processed = [int(m[NUM_PROCESSED]) for _, m in updates]
                 reference = self.root_reference(server_round, processed)
+            verdicts = None
+            if self.config.aggregation == "lfr":
+                verdicts = self.removal_verdicts([a for a, _ in updates], weights)
             trust: dict[str, dict[int, float]] = {}
             merged = robust_aggregate([a for a, _ in updates], weights, self._current,
-                                      self.config, reference, trust, server_round)  # fmt: skip
+                                      self.config, reference, trust, server_round,
+                                      verdicts)  # fmt: skip
             self.update_trust = {group: self.by_partition(updates, given)
                                  for group, given in trust.items()}  # fmt: skip
             return merged
@@ -484,15 +489,15 @@ class PersonalizedStrategy(Strategy):
     @classmethod
     def server_splits(cls, config: RunConfig) -> tuple[str, ...]:
         """The unions of the clients' splits the ServerApp needs decoded ("train",
-        "test"): it decodes them in the pass that digests the partitions (``fltrust``
-        draws its root dataset from the train splits')."""
+        "test"): it decodes them in the pass that digests the partitions (``fltrust`` and
+        ``lfr`` draw their root dataset from the train splits')."""
         test = ("test",) if cls.evaluation_of(config) == "server" else ()
-        return (*test, "train") if config.aggregation == "fltrust" else test
+        return (*test, "train") if config.aggregation in ROOT_RULES else test
 
     def keep_server_splits(self, unions: dict[str, TensorData]) -> None:
         """Keeps what :meth:`server_splits` asked for beyond the global test set (which
-        the ServerApp holds itself): ``fltrust``'s root dataset."""
-        if self.config.aggregation == "fltrust":
+        the ServerApp holds itself): the root dataset of ``fltrust`` and ``lfr``."""
+        if self.config.aggregation in ROOT_RULES:
             self.root = RootReference(self.config, unions["train"])
 
     def root_reference(self, server_round: int, processed: list[int]) -> dict[str, np.ndarray]:
@@ -503,6 +508,24 @@ class PersonalizedStrategy(Strategy):
         if self.root is None or self.model is None:
             raise RuntimeError("fltrust needs the ServerApp's train splits and model first")
         return self.root.trained(self.model, self._current, server_round, processed)
+
+    def removal_verdicts(
+        self, replies: list[dict[str, np.ndarray]], weights: Mapping[str, Sequence[float]]
+    ) -> list[float]:
+        """``lfr``'s verdict on each reply (1 kept, 0 rejected): whether the global
+        model's loss on the root dataset is lower without it in the round's average
+        (:func:`strategies.robust.removal_verdicts`)."""
+        if self.root is None or self.model is None:
+            raise RuntimeError("lfr needs the ServerApp's train splits and model first")
+        root, model = self.root, self.root.scratch_model(self.model)
+        device = next(model.parameters()).device
+
+        def loss_of(arrays: dict[str, np.ndarray]) -> float:
+            return root.loss(self.global_predictor(model, arrays), device)
+
+        _, verdicts = removal_verdicts(replies, weights, self._current, loss_of,
+                                       self.config.lfr_reject)  # fmt: skip
+        return [float(v) for v in verdicts]
 
     def known_test_samples(self) -> int | None:
         """The size of the union test set, once every partition's split size is known."""

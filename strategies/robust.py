@@ -38,13 +38,22 @@ the rule with their own weights (base by |D_k|, head by e_k):
   updates are clipped at the median norm of all the round's updates and averaged (with
   the group weights: ours; FLAME's average is plain), and ``flame-noise`` λ adds
   Gaussian noise of standard deviation λ × that median.
+- ``lfr``: our variant of LFR, the loss-function-based rejection of Fang et al. (USENIX
+  Security 2020, "Local model poisoning attacks to Byzantine-robust federated
+  learning"). Each reply's impact is the loss, on the server's root dataset
+  (the one ``fltrust`` draws), of the round's weighted average without that reply,
+  minus the loss of the average with every reply (:func:`removal_verdicts`). LFR
+  rejects the c replies with the lowest impact, c the number of liars assumed
+  (``lfr-reject`` = c); with ``lfr-reject = 0``, the default, every reply whose removal
+  lowers the loss is rejected, so no c is needed (ours). The kept replies are averaged
+  with the group weights, one verdict per reply for all its groups.
 
 :func:`norm_outliers` is the bound every run has on by default (``update-norm-factor``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -260,6 +269,67 @@ def flame(
 #: The rules that weight each update by its trust (the ReLU of a cosine; FLAME's: 1
 #: admitted, 0 not).
 TRUST_RULES = ("cosine-trust", "fltrust", "flame")
+#: The rules whose trust is one verdict per reply, given by the caller (``lfr``'s: 1
+#: kept, 0 rejected), rather than judged here from the group's updates.
+VERDICT_RULES = ("lfr",)
+
+
+def averaged_groups(
+    replies: Sequence[Arrays],
+    weights: Mapping[str, Sequence[float]],
+    current: Arrays,
+    left_out: int | None = None,
+) -> dict[str, np.ndarray]:
+    """Each group's weighted average of the replies (group -> each reply's weight),
+    without reply ``left_out``; a group that no remaining reply has weight for keeps
+    ``current``'s values."""
+    out: dict[str, np.ndarray] = {}
+    for group, group_weights in weights.items():
+        keys = [k for k in group_keys(replies[0], group) if k in current] if replies else []
+        chosen = [i for i, w in enumerate(group_weights) if w > 0 and i != left_out]
+        if not keys:
+            continue
+        if not chosen:
+            out.update({k: np.asarray(current[k]) for k in keys})
+            continue
+        shares = np.asarray([group_weights[i] for i in chosen], np.float64)
+        shares = shares / shares.sum()
+        for key in keys:
+            total = sum(s * np.asarray(replies[i][key], np.float64)
+                        for s, i in zip(shares, chosen, strict=True))  # fmt: skip
+            out[key] = np.asarray(total).astype(np.asarray(current[key]).dtype)
+    return out
+
+
+def removal_verdicts(
+    replies: Sequence[Arrays],
+    weights: Mapping[str, Sequence[float]],
+    current: Arrays,
+    loss_of: Callable[[dict[str, np.ndarray]], float],
+    reject: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``lfr``: per reply, its impact (the loss ``loss_of`` gives the weighted average
+    without it, minus the loss with every reply) and its verdict, 0 (rejected) or 1:
+    with ``reject`` = c > 0, the c replies whose removal gives the lowest loss are
+    rejected, whatever its sign (Fang et al.'s LFR; at least one reply is kept); with 0,
+    every reply whose removal lowers the loss. A loss that is not finite counts as +inf,
+    so a reply that alone makes the average blow up is the one left out, and the others
+    are kept."""
+
+    def loss(left_out: int | None) -> float:
+        value = float(loss_of({**current, **averaged_groups(replies, weights, current, left_out)}))
+        return value if np.isfinite(value) else float("inf")
+
+    everyone = loss(None)
+    without = np.asarray([loss(i) for i in range(len(replies))], np.float64)
+    if reject > 0:
+        verdicts = np.ones(len(replies))
+        verdicts[np.argsort(without, kind="stable")[: min(reject, len(replies) - 1)]] = 0.0
+    else:
+        verdicts = np.where(without < everyone, 0.0, 1.0)
+    with np.errstate(invalid="ignore"):
+        impacts = without - everyone  # inf - inf: nan, for a reply that changes nothing
+    return impacts, verdicts
 
 
 def update_trust(
@@ -293,9 +363,14 @@ def robust_change(
     the server's own update of the group (``fltrust``); where it did not move the group
     (a group the root training does not train), the round's median stands in for it, as
     in ``cosine-trust``. ``trust``: the trust rules' :func:`update_trust`, where the
-    caller has it already (``flame`` clusters the updates themselves without it).
-    ``rng``: the seeded generator of ``flame``'s noise."""
+    caller has it already (``flame`` clusters the updates themselves without it), or
+    ``lfr``'s verdicts (required there). ``rng``: the seeded generator of ``flame``'s noise."""
     rule = config.aggregation
+    if rule in VERDICT_RULES:
+        if trust is None:
+            raise ValueError(f"aggregation={rule!r} needs each reply's verdict from the server")
+        kept = weights * trust
+        return weighted_mean(updates, kept) if kept.sum() > 0 else np.zeros(updates.shape[1])
     if rule == "flame":
         admitted = update_trust(updates, config) if trust is None else trust
         return flame(updates, weights, admitted, config.flame_noise, rng)
@@ -326,12 +401,14 @@ def robust_aggregate(
     reference: Arrays | None = None,
     trust: dict[str, dict[int, float]] | None = None,
     server_round: int = 0,
+    verdicts: Sequence[float] | None = None,
 ) -> dict[str, np.ndarray]:
     """New values of each group in ``weights`` (group -> each reply's weight): the global
     model plus the rule's change, over the replies with a positive weight for it.
     ``reference``: the server's own trained values (``fltrust``), judged as a reply.
     ``trust``, filled under a trust rule: group -> {reply index: its trust}.
-    ``server_round`` seeds ``flame``'s noise, with the group's place among the groups."""
+    ``server_round`` seeds ``flame``'s noise, with the group's place among the groups.
+    ``verdicts``: ``lfr``'s, one per reply (1 kept, 0 rejected; :func:`removal_verdicts`)."""
     out: dict[str, np.ndarray] = {}
     for index, (group, group_weights) in enumerate(weights.items()):
         keys = group_keys(replies[0], group)
@@ -346,6 +423,8 @@ def robust_aggregate(
         start = flat_values(current, keys) if config.aggregation == "flame" else None
         given = (update_trust(updates, config, own, start)
                  if config.aggregation in TRUST_RULES else None)  # fmt: skip
+        if config.aggregation in VERDICT_RULES and verdicts is not None:
+            given = np.asarray([verdicts[i] for i in voters], np.float64)
         noise_rng = (rng(config.seed, "flame-noise", server_round, index)
                      if config.aggregation == "flame" and config.flame_noise else None)  # fmt: skip
         change = robust_change(updates, chosen_weights, config, own, given, noise_rng)

@@ -1,6 +1,8 @@
-"""FLTrust's reference update (``aggregation = "fltrust"``, Cao et al., NDSS 2021): each
-round the server trains the global model on a small root dataset of its own and judges
-every client's update by its direction against that one, which no client can shape.
+"""The server's root dataset. FLTrust's reference update (``aggregation = "fltrust"``,
+Cao et al., NDSS 2021): each round the server trains the global model on a small root
+dataset of its own and judges every client's update by its direction against that one,
+which no client can shape. ``lfr`` measures on the same dataset the loss of the round's
+average with and without each reply (:meth:`RootReference.loss`).
 
 The root dataset is a seeded uniform draw of ``fltrust-root-samples`` from the union of
 the clients' train splits (FLTrust's experiments draw it uniformly from the training
@@ -18,7 +20,7 @@ reference, so a resumed run aggregates as the uninterrupted one.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -28,7 +30,10 @@ from fedreg_app.core.config import RunConfig
 from fedreg_app.core.data import TensorData
 from fedreg_app.core.models import BASE, HEAD_G, SplitModel
 from fedreg_app.core.seeds import rng, torch_generator
-from fedreg_app.core.training import train_epochs
+from fedreg_app.core.training import eval_batches, train_epochs
+
+#: The rules that need the server's root dataset.
+ROOT_RULES = ("fltrust", "lfr")
 
 
 def root_sample(train: TensorData, size: int, seed: int) -> TensorData:
@@ -54,6 +59,21 @@ class RootReference:
         median = float(np.median(processed)) if len(processed) else 0.0
         return max(1, round(median / max(1, len(self.root))))
 
+    def scratch_model(self, server_model: SplitModel) -> SplitModel:
+        """The server's own copy of the model for the root dataset's work, made once: what
+        it loads or trains never moves the model of the global evaluation."""
+        if self._model is None:
+            self._model = copy.deepcopy(server_model)
+        return self._model
+
+    @torch.no_grad()
+    def loss(self, predict: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> float:
+        """Mean cross entropy of ``predict`` (inputs -> logits) over the root dataset."""
+        total = torch.zeros((), dtype=torch.float64)
+        for x, y in eval_batches(self.root, device):
+            total += F.cross_entropy(predict(x), y, reduction="sum").double().cpu()
+        return float(total) / max(1, len(self.root))
+
     def trained(
         self,
         server_model: SplitModel,
@@ -66,9 +86,7 @@ class RootReference:
         each reply's samples processed). Values, not the change: the rule subtracts the
         global model as it does from the clients' replies. A copy of the server's model
         trains, so the global evaluation's is never moved."""
-        if self._model is None:
-            self._model = copy.deepcopy(server_model)
-        model, config = self._model, self.config
+        model, config = self.scratch_model(server_model), self.config
         model.load_group_state(current, BASE, HEAD_G)
         trainable = model.parameters_of(BASE, HEAD_G)
         train_epochs(

@@ -33,6 +33,7 @@ from strategies.robust import (
     krum_selection,
     majority_cluster,
     norm_outliers,
+    removal_verdicts,
     robust_aggregate,
     robust_change,
     trimmed_mean,
@@ -50,6 +51,11 @@ def reply(base: float, head: float) -> dict[str, np.ndarray]:
 
 def config(**keys: Any):
     return load_config({"algo": "fedreg", **keys})
+
+
+def distance_from(target: float):
+    """A stand-in for the root loss: the mean absolute distance of the base from ``target``."""
+    return lambda arrays: float(np.abs(arrays["base.0.weight"] - target).mean())
 
 
 # ------------------------------------------------------------------ the rules
@@ -83,7 +89,10 @@ def test_each_rule_keeps_a_1e30_reply_out_of_both_groups(rule: str) -> None:
     weights = {"base": [1.0] * 5, "head_g": [1.0] * 5}
     settings = config(aggregation=rule, **{"krum-byzantine": 1})
     server = reply(1.0, 2.0) if rule == "fltrust" else None  # the server's own update
-    merged = robust_aggregate(replies, weights, CURRENT, settings, server)
+    verdicts = None
+    if rule == "lfr":  # the loss: how far the average's base is from the honest ones'
+        _, verdicts = removal_verdicts(replies, weights, CURRENT, distance_from(1.0))
+    merged = robust_aggregate(replies, weights, CURRENT, settings, server, None, 0, verdicts)
     assert np.abs(merged["base.0.weight"]).max() < 2
     assert np.abs(merged["head_g.0.bias"]).max() < 3
 
@@ -242,6 +251,50 @@ def test_flame_leaves_a_label_flipping_minority_out_of_the_head() -> None:
     assert merged["head_g.0.bias"][0] > 1.0 > merged["head_g.0.bias"][1]
 
 
+def test_lfr_rejects_each_reply_whose_removal_lowers_the_loss_of_the_average() -> None:
+    """Average of the four bases 2.0, loss 1.0. Without the 5.0 reply the average is
+    1.0 and the loss 0: it is rejected. Without any other the loss rises: kept. The kept
+    replies are then averaged with their group weights, the head's by its own."""
+    replies = [reply(1.0, 1.0), reply(1.2, 3.0), reply(0.8, 2.0), reply(5.0, 9.0)]
+    weights = {"base": [0.25] * 4, "head_g": [0.5, 0.25, 0.25, 0.0]}
+    impacts, verdicts = removal_verdicts(replies, weights, CURRENT, distance_from(1.0))
+    assert verdicts.tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert impacts[3] == pytest.approx(-1.0) and (impacts[:3] > 0).all()
+    merged = robust_aggregate(replies, weights, CURRENT, config(aggregation="lfr"),
+                              None, None, 0, verdicts.tolist())  # fmt: skip
+    assert np.allclose(merged["base.0.weight"], 1.0)
+    assert np.allclose(merged["head_g.0.bias"], (0.5 * 1.0 + 0.25 * 3.0 + 0.25 * 2.0) / 1.0)
+
+
+def test_lfr_with_c_rejects_the_c_replies_whose_removal_helps_most() -> None:
+    """Fang et al.'s LFR: c = 2 rejects the two lowest losses-without, even one whose
+    removal raises the loss; c never rejects every reply."""
+    replies = [reply(1.0, 1.0), reply(1.3, 1.0), reply(0.9, 1.0), reply(5.0, 1.0)]
+    weights = {"base": [0.25] * 4, "head_g": [0.25] * 4}
+    impacts, verdicts = removal_verdicts(replies, weights, CURRENT, distance_from(1.0), 2)
+    assert verdicts.tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert impacts[1] > 0  # rejected all the same: it is the second most harmful
+    _, verdicts = removal_verdicts(replies, weights, CURRENT, distance_from(1.0), 9)
+    assert verdicts.sum() == 1
+
+
+def test_lfr_counts_a_loss_that_is_not_finite_as_the_worst() -> None:
+    """A reply that alone makes the average's loss NaN is rejected; the others, whose
+    removal leaves it NaN, are kept rather than judged by NaN comparisons."""
+    replies = [reply(1.0, 1.0), reply(1.2, 1.0), reply(np.nan, 1.0)]
+    weights = {"base": [1 / 3] * 3, "head_g": [1 / 3] * 3}
+    _, verdicts = removal_verdicts(replies, weights, CURRENT, distance_from(1.0))
+    assert verdicts.tolist() == [1.0, 1.0, 0.0]
+
+
+def test_lfr_keeps_the_global_model_when_every_reply_is_rejected() -> None:
+    updates = np.array([[1.0, 2.0], [3.0, 4.0]])
+    change = robust_change(updates, np.ones(2), config(aggregation="lfr"), None, np.zeros(2))
+    assert np.array_equal(change, [0.0, 0.0])
+    with pytest.raises(ValueError, match="verdict"):
+        robust_change(updates, np.ones(2), config(aggregation="lfr"))
+
+
 def test_fltrust_judges_a_group_the_server_did_not_move_by_the_median() -> None:
     """A group the root training leaves where it was (no reference direction): judged
     as `cosine-trust` judges it."""
@@ -361,6 +414,7 @@ def test_checks_bound_and_aggregation_decode_each_reply_once(monkeypatch) -> Non
         ({"clip-norm": -1.0}, "clip-norm=-1.0"),
         ({"fltrust-root-samples": 0}, "fltrust-root-samples=0"),
         ({"flame-noise": -0.1}, "flame-noise=-0.1"),
+        ({"lfr-reject": -1}, "lfr-reject=-1"),
         ({"attack": "flood"}, "attack='flood'"),
         ({"attack": "scale"}, "attack-fraction=0.0"),
         ({"attack-fraction": 1.5}, "attack-fraction=1.5"),
@@ -509,6 +563,31 @@ def test_fltrust_runs_through_the_server_app_and_the_same_seed_gives_the_same_mo
         assert set(trust) == {"base", "head_g"}
         assert all(set(t) == {str(p) for p in record["sampled_clients"]} for t in trust.values())
         assert all(0 <= v <= 1 for t in trust.values() for v in t.values())
+
+
+def test_lfr_runs_through_the_server_app_and_leaves_a_scaling_liar_out(
+    federation: dict[str, Any], tmp_path: Path
+) -> None:
+    """A real run under ``lfr`` with the bound off and one client in four sending its
+    update times 100: the root dataset's loss finds it in every round (verdict 0 in both
+    groups), the honest three are kept, the model stays sound, and the same seed ends
+    on the same weights."""
+    lying = {**federation, "aggregation": "lfr", "attack": "scale", "attack-fraction": 0.25,
+             "attack-scale": 100.0, "update-norm-factor": 0,
+             "fltrust-root-samples": 40}  # fmt: skip
+    [liar] = attackers(load_config(lying), 4)
+    assert "train" in FedReGStrategy.server_splits(load_config(lying))
+    models = []
+    for name in ("first", "second"):
+        run_server({**lying, "results-dir": str(tmp_path / name)})
+        assert results(tmp_path / name)["run"]["status"] == "completed"
+        models.append(final_model(tmp_path / name))
+    assert all(np.array_equal(models[0][k], models[1][k]) for k in models[0])
+    assert all(np.isfinite(v).all() and np.abs(v).max() < 10 for v in models[0].values())
+    for record in results(tmp_path / "first")["rounds"]:
+        for group, given in record["update_trust"].items():
+            assert given[str(liar)] == 0.0, group
+            assert sum(given.values()) >= len(given) - 1
 
 
 def test_flame_runs_through_the_server_app_and_records_whom_it_admitted(

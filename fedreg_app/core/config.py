@@ -455,6 +455,7 @@ class RunConfig:
     multi_krum_keep: int = robustness.MULTI_KRUM_KEEP
     clip_norm: float = robustness.CLIP_NORM
     fltrust_root_samples: int = robustness.FLTRUST_ROOT_SAMPLES
+    lfr_reject: int = robustness.LFR_REJECT
     flame_noise: float = robustness.FLAME_NOISE
     attack: str = robustness.ATTACK
     attack_fraction: float = robustness.ATTACK_FRACTION

@@ -162,7 +162,8 @@ class RoundRecord:
     update_norm_ratio_max: dict[str, float] = field(default_factory=dict)
     #: Under ``aggregation`` ``cosine-trust`` or ``fltrust``: per parameter group, each
     #: accepted reply's trust (partition -> the ReLU of its update's cosine with the
-    #: reference; 0: no weight). Empty under the other rules.
+    #: reference; 0: no weight); under ``flame`` and ``lfr``, 1 (admitted, kept) or 0.
+    #: Empty under the other rules.
     update_trust: dict[str, dict[str, float]] = field(default_factory=dict)
     #: Personal accuracy (correct over test samples) over the clients whose training reply
     #: was accepted in this or an earlier round; None when no client has trained yet, the

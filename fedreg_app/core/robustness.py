@@ -23,6 +23,7 @@ AGGREGATIONS = (
     "cosine-trust",
     "fltrust",
     "flame",
+    "lfr",
 )
 ATTACKS = ("none", "scale", "sign-flip", "label-flip", "noise", "replay")
 
@@ -49,13 +50,16 @@ AGGREGATION = core_key(
     "`fltrust`, each update rescaled to the norm of an update the server trains on a "
     "root dataset and averaged with its weight times the ReLU of its cosine with it; "
     "`flame`, the updates of the tightest majority of the replies by cosine distance, "
-    "clipped at the round's median norm and averaged. See the "
+    "clipped at the round's median norm and averaged; `lfr`, the weighted average of the "
+    "replies whose removal from it would not lower its loss on the root dataset. See the "
     "[robustness page](robustness.md).",
     source="`mean`: every source; the others: Yin et al. 2018, Blanchard et al. 2017, "
     "Sun et al. 2019; `fltrust`: Cao et al. 2021 (the group weight kept as a factor and "
     "the server's passes matched to the median client's samples: ours); `flame`: Nguyen "
     "et al. 2022 (the group weight kept among the admitted: ours); `cosine-trust`: our "
-    "variant of FLTrust, with the round's median in place of the server's root-data update",
+    "variant of FLTrust, with the round's median in place of the server's root-data update; "
+    "`lfr`: our variant of Fang et al. 2020's loss-function-based rejection (every reply "
+    "that raises the loss is rejected, where LFR rejects an assumed number of liars)",
 )
 TRIM_FRACTION = core_key(
     0.2,
@@ -84,10 +88,19 @@ CLIP_NORM = core_key(
 FLTRUST_ROOT_SAMPLES = core_key(
     100,
     "an integer >= 1",
-    doc="The root dataset of `fltrust`: this many samples drawn once, seeded, from the "
-    "union of the clients' train splits, on which the server trains its reference update "
-    "every round.",
-    source="Cao et al. 2021 (100 root examples, drawn uniformly from the training data)",
+    doc="The root dataset of `fltrust` and `lfr`: this many samples drawn once, seeded, "
+    "from the union of the clients' train splits, on which the server trains its reference "
+    "update every round (`fltrust`) or measures each reply's impact on the loss (`lfr`).",
+    source="Cao et al. 2021 (100 root examples, drawn uniformly from the training data); "
+    "`lfr`: the same set, as the server's one dataset (Fang et al. 2020 assume a small "
+    "validation set on the server)",
+)
+LFR_REJECT = core_key(
+    0,
+    "an integer >= 0",
+    doc="c of `lfr`: reject the c replies whose removal lowers the root loss most, whatever "
+    "their sign; 0: every reply whose removal lowers it, however many.",
+    source="c > 0: Fang et al. 2020's LFR (c, the liars assumed); 0: our variant",
 )
 FLAME_NOISE = core_key(
     0.0,
@@ -151,6 +164,7 @@ class RobustnessSettings(Protocol):
     multi_krum_keep: int
     clip_norm: float
     fltrust_root_samples: int
+    lfr_reject: int
     flame_noise: float
     attack: str
     attack_fraction: float
@@ -169,7 +183,8 @@ def check_robustness(config: RobustnessSettings) -> None:
     if not 0 <= config.trim_fraction < 0.5:
         fail("trim-fraction", config.trim_fraction, "a fraction in [0, 0.5)")
     for key, value in (("krum-byzantine", config.krum_byzantine),
-                       ("multi-krum-keep", config.multi_krum_keep)):  # fmt: skip
+                       ("multi-krum-keep", config.multi_krum_keep),
+                       ("lfr-reject", config.lfr_reject)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             fail(key, value, "an integer >= 0")
     if not config.clip_norm >= 0:
