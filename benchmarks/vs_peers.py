@@ -161,6 +161,15 @@ def run_peer(name: str, python: str, spec_path: Path, cwd: Path) -> dict[str, An
     return run_worker(Path(__file__), "pfl", python, shared, cwd, launcher=launcher)
 
 
+def pfl_users_trained(folder: Path) -> list[list[int]]:
+    """The users pfl's processes trained, per round (sorted), from the files each wrote."""
+    rounds: dict[int, list[int]] = {}
+    for path in sorted(folder.glob("pfl-users-*.json")):
+        for iteration, user in json.loads(path.read_text()):
+            rounds.setdefault(iteration, []).append(user)
+    return [sorted(rounds[t]) for t in sorted(rounds)]
+
+
 def load_initial(model: Any, folder: Path) -> None:
     """Copy our initial weights in, parameter by parameter (same order and shapes)."""
     load_weights(model, folder / "initial.npz")
@@ -256,8 +265,25 @@ def pfl_worker(spec: dict[str, Any]) -> dict[str, Any]:
     users = {i: tensors("train", i) for i in range(spec["clients"])}
     tests = [tensors("test", i) for i in range(spec["clients"])]
     union = Dataset((torch.cat([x for x, _ in tests]), torch.cat([y for _, y in tests])))
-    order = iter([i for chosen in spec["schedule"] for i in chosen])
-    training = FederatedDataset(lambda i: Dataset(users[i], user_id=str(i)), lambda: next(order))
+    # The users in the schedule's order. With the weights, pfl's workers take each cohort
+    # as the next cohort-size users of this sequence and share it out by weight (largest
+    # first, to the least loaded worker: its documented balancing); without them, each of
+    # a worker's draws would consume one user per worker and the workers would train other
+    # users than the schedule's. Its sampler prefetches, so the sequence is padded.
+    flat = [i for chosen in spec["schedule"] for i in chosen]
+    order = iter(flat)
+    iteration = [0]
+    trained: list[list[int]] = []  # (iteration, user) that this process trained
+
+    def user_dataset(i: int) -> Dataset:
+        trained.append([iteration[0], int(i)])
+        return Dataset(users[i], user_id=str(i))
+
+    training = FederatedDataset(
+        user_dataset,
+        lambda: next(order, flat[-1]),
+        user_id_to_weight={i: len(users[i][1]) for i in users},
+    )
 
     timing = {"eval": [], "ends": []}
     accuracy: list[float] = []
@@ -281,6 +307,7 @@ def pfl_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):  # noqa: ANN001, ANN201
             timing["ends"].append(time.perf_counter())
+            iteration[0] += 1
             return False, Metrics()
 
     net = FedAvgCNN()
@@ -319,6 +346,8 @@ def pfl_worker(spec: dict[str, Any]) -> dict[str, Any]:
         model_eval_params=eval_params,
         callbacks=callbacks,
     )
+    rank = int(os.environ.get("RANK", "0"))
+    (Path(spec["folder"]) / f"pfl-users-{rank}.json").write_text(json.dumps(trained))
     ends = timing["ends"]
     return {
         "round_s": [b - a for a, b in zip(ends, ends[1:], strict=False)],
@@ -432,7 +461,14 @@ def compare(args: argparse.Namespace) -> None:
             if name in skipped:
                 return
             started = time.perf_counter()
+            for stale in folder.glob("pfl-users-*.json"):
+                stale.unlink()
             result = run_peer(name, python, spec_path, folder / "pfllib" / "system")
+            if name in ("pfl", PFL_TORCHRUN) and "error" not in result:
+                expected = [sorted(chosen) for chosen in spec["schedule"][: args.rounds]]
+                if pfl_users_trained(folder) != expected:
+                    print(f"WARNING: {name} trained {pfl_users_trained(folder)}, the "
+                          f"schedule is {expected}", flush=True)  # fmt: skip
             if "error" in result:
                 skipped[name] = result["error"]
                 print(f"{name}: cannot run, skipped:\n{result['error']}", flush=True)
