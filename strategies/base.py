@@ -407,11 +407,12 @@ class PersonalizedStrategy(Strategy):
             if self.config.aggregation == "fltrust":
                 processed = [int(m[NUM_PROCESSED]) for _, m in updates]
                 reference = self.root_reference(server_round, processed)
+            replies = [arrays for arrays, _ in updates]
             verdicts = None
             if self.config.aggregation == "lfr":
-                verdicts = self.removal_verdicts([a for a, _ in updates], weights)
+                verdicts = self.removal_verdicts(replies, weights)
             trust: dict[str, dict[int, float]] = {}
-            merged = robust_aggregate([a for a, _ in updates], weights, self._current,
+            merged = robust_aggregate(replies, weights, self._current,
                                       self.config, reference, trust, server_round,
                                       verdicts)  # fmt: skip
             self.update_trust = {group: self.by_partition(updates, given)

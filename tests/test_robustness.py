@@ -542,6 +542,18 @@ def test_a_label_flipping_liar_is_still_the_client_its_data_says(
     assert document["final_personal_accuracy_honest"] == figures[-1]
 
 
+def same_model_twice(keys: dict[str, Any], tmp_path: Path) -> list[dict[str, np.ndarray]]:
+    """Run one config twice (results in ``first`` and ``second``); both complete and end
+    on the same weights. Returns both final models."""
+    models = []
+    for name in ("first", "second"):
+        run_server({**keys, "results-dir": str(tmp_path / name)})
+        assert results(tmp_path / name)["run"]["status"] == "completed"
+        models.append(final_model(tmp_path / name))
+    assert all(np.array_equal(models[0][k], models[1][k]) for k in models[0])
+    return models
+
+
 def test_fltrust_runs_through_the_server_app_and_the_same_seed_gives_the_same_model(
     federation: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -551,12 +563,7 @@ def test_fltrust_runs_through_the_server_app_and_the_same_seed_gives_the_same_mo
     lying = {**federation, "aggregation": "fltrust", "attack": "sign-flip",
              "attack-fraction": 0.25, "fltrust-root-samples": 20}  # fmt: skip
     assert "train" in FedReGStrategy.server_splits(load_config(lying))
-    models = []
-    for name in ("first", "second"):
-        run_server({**lying, "results-dir": str(tmp_path / name)})
-        assert results(tmp_path / name)["run"]["status"] == "completed"
-        models.append(final_model(tmp_path / name))
-    assert all(np.array_equal(models[0][k], models[1][k]) for k in models[0])
+    models = same_model_twice(lying, tmp_path)
     assert all(np.isfinite(v).all() for v in models[0].values())
     for record in results(tmp_path / "first")["rounds"]:  # each reply's trust, by group
         trust = record["update_trust"]
@@ -577,12 +584,7 @@ def test_lfr_runs_through_the_server_app_and_leaves_a_scaling_liar_out(
              "fltrust-root-samples": 40}  # fmt: skip
     [liar] = attackers(load_config(lying), 4)
     assert "train" in FedReGStrategy.server_splits(load_config(lying))
-    models = []
-    for name in ("first", "second"):
-        run_server({**lying, "results-dir": str(tmp_path / name)})
-        assert results(tmp_path / name)["run"]["status"] == "completed"
-        models.append(final_model(tmp_path / name))
-    assert all(np.array_equal(models[0][k], models[1][k]) for k in models[0])
+    models = same_model_twice(lying, tmp_path)
     assert all(np.isfinite(v).all() and np.abs(v).max() < 10 for v in models[0].values())
     for record in results(tmp_path / "first")["rounds"]:
         for group, given in record["update_trust"].items():
