@@ -138,6 +138,42 @@ def run_ours(link: Any, args: argparse.Namespace, spec: dict[str, Any], index: i
         "train_s": [r["train_seconds"] for r in rounds],
         "eval_s": [r["eval_seconds"] for r in rounds],
         "accuracy": [r["global_accuracy"] for r in rounds],
+        "client_train_s": [queue_ordered(r.get("client_train_seconds") or {}) for r in rounds],
+    }
+
+
+def queue_ordered(seconds_by_client: dict[str, float]) -> list[float]:
+    """A round's trained clients' handler seconds in the order Flower's simulation
+    queues their messages: its node mapping's, which is partition order."""
+    return [seconds for _, seconds in sorted((int(p), s) for p, s in seconds_by_client.items())]
+
+
+def makespan(durations: list[float], actors: int) -> float:
+    """When the last of ``durations`` ends, each handed in turn to the first actor free
+    (Flower's simulation hands a queued message to the first free actor)."""
+    free = [0.0] * max(1, actors)
+    for duration in durations:
+        first = free.index(min(free))
+        free[first] += duration
+    return max(free)
+
+
+def actor_spread(client_train_s: list[list[float]], actors: int) -> dict[str, float]:
+    """How a round's training fell on ``actors`` actors, from each client's measured
+    seconds (rounds 2..N, medians): in the queue's order (partition order, as Flower's
+    simulation queues them), largest first (as pfl shares a cohort out), and the floor of
+    a perfect split (the sum over the actors, or the longest client); and per round, the
+    queue order's end over largest first's."""
+    steady_rounds = [d for d in client_train_s[1:] if d]
+    if not steady_rounds:
+        return {}
+    queue = [makespan(d, actors) for d in steady_rounds]
+    largest_first = [makespan(sorted(d, reverse=True), actors) for d in steady_rounds]
+    return {
+        "queue": median(queue),
+        "largest_first": median(largest_first),
+        "floor": median([max(max(d), sum(d) / actors) for d in steady_rounds]),
+        "ratios": [round(q / f, 3) for q, f in zip(queue, largest_first, strict=True)],
     }
 
 
@@ -513,6 +549,16 @@ def report(args: argparse.Namespace, runs: dict[str, list], skipped: dict[str, s
                   f"| {loss} | {row['first']:.1f} | {accuracy} |")  # fmt: skip
     for name, reason in skipped.items():
         print(f"{name}: skipped: {reason.splitlines()[-1] if reason else ''}")
+    actors = len(os.sched_getaffinity(0))  # Ray's actors: one a core (client CPUs 1)
+    spreads = [actor_spread(r["client_train_s"], actors) for r in runs["ours"]]
+    spreads = [spread for spread in spreads if spread]
+    for i, spread in enumerate(spreads, 1):
+        print(
+            f"ours run {i}, the clients' training on {actors} actors (measured seconds, "
+            f"medians of rounds 2..N): queue order {spread['queue']:.2f} s, largest "
+            f"first {spread['largest_first']:.2f} s, perfect split {spread['floor']:.2f} s; "
+            f"queue order over largest first per round {spread['ratios']}"
+        )
     ours = statistics.mean(r["s"] for r in rows["ours"]) if rows["ours"] else float("nan")
     parts = [f"rounds={args.rounds}", f"clients={args.clients}", f"ours_s={ours:.2f}"]
     for name in ("pfllib", "pfl", PFL_TORCHRUN):
@@ -527,6 +573,10 @@ def report(args: argparse.Namespace, runs: dict[str, list], skipped: dict[str, s
                 parts.append(f"ratio_pfllib_without_train_loss={ours / (theirs - extra):.2f}")
         else:
             parts.append(f"{name.replace('-', '_')}=skipped")
+    if spreads:
+        queue = statistics.mean(spread["queue"] for spread in spreads)
+        largest = statistics.mean(spread["largest_first"] for spread in spreads)
+        parts += [f"ours_train_queue_s={queue:.2f}", f"ours_train_largest_first_s={largest:.2f}"]
     versions = peer_versions(args)
     pfl_version = runs["pfl"][0]["pfl"] if runs.get("pfl") else "none"
     peer_torch = {r["torch"] for found in runs.values() for r in found if "torch" in r}

@@ -86,6 +86,10 @@ def check_costs(algo: str, rounds: list[dict]) -> None:
         parts = ("client_compute_seconds", "client_setup_seconds", "client_state_seconds")
         assert min(record[part] for part in parts) >= 0
         assert sum(record[part] for part in parts) <= record["client_handler_seconds"] + 0.005
+        by_client = record["client_train_seconds"]  # one per trained client, its handler's
+        assert sorted(map(int, by_client)) == sorted(record["sampled_clients"])
+        assert min(by_client.values()) > 0
+        assert sum(by_client.values()) <= record["client_handler_seconds"] + 0.005 * len(by_client)
     for record in rounds:
         evaluated = record["personal_accuracy"] is not None
         assert (record["eval_compute_seconds"] > 0) == evaluated

@@ -62,3 +62,15 @@ def test_the_scheduling_figures_are_per_cpu_second_and_per_runnable_second() -> 
         "actor_waiting_share": "0.050",
         "bare_waiting_share": "0.025",
     }
+
+
+def test_the_actor_spread_replays_the_queue_and_largest_first_orders() -> None:
+    """Five clients on two actors: in partition order (3, 1, 1, 1, 4 s) the 4 s client
+    starts last, at 3 s, and ends at 7; largest first puts it beside the 3 s one and ends
+    at 5, which is also the floor (10 s over two actors). Round 1 (start-up) is left out."""
+    vs_peers = load_benchmark("vs_peers")
+    assert vs_peers.makespan([3, 1, 1, 1, 4], 2) == 7
+    assert vs_peers.makespan([4, 3, 1, 1, 1], 2) == 5
+    spread = vs_peers.actor_spread([[50.0], [3, 1, 1, 1, 4], [3, 1, 1, 1, 4]], actors=2)
+    assert spread == {"queue": 7, "largest_first": 5, "floor": 5, "ratios": [1.4, 1.4]}
+    assert vs_peers.actor_spread([[50.0]], actors=2) == {}

@@ -475,6 +475,14 @@ def test_report_writes_the_skipped_runs_under_its_table(tmp_path: Path) -> None:
             "round 1: client_accuracies names client '20' below num_clients=20",
         ),
         (
+            lambda d: d["rounds"][0].update(client_train_seconds={"3": -0.5}),
+            "round 1: client_train_seconds['3'] is -0.5; expected a number >= 0",
+        ),
+        (
+            lambda d: d["rounds"][0].update(client_train_seconds={"25": 4.0}),
+            "round 1: client_train_seconds names client '25' below num_clients=20",
+        ),
+        (
             lambda d: d["rounds"][0].update(sampled_clients=[1, 1]),
             "round 1: sampled_clients is [1, 1]; expected distinct ids below num_clients=20",
         ),

@@ -115,6 +115,10 @@ class RoundRecord:
     #: phase: a phase's wall time beyond it is transport (and, deployed, process start).
     slowest_handlers_seconds: float = 0.0
     server_eval_seconds: float = 0.0
+    #: Per accepted training reply, partition -> the seconds its handler took (the node's
+    #: whole time on the message): deployed, which devices are the round's stragglers;
+    #: simulated, how the round's work fell on the client actors.
+    client_train_seconds: dict[str, float] | None = None
     sampled_clients: list[int] = field(default_factory=list)
     client_accuracies: dict[str, float] | None = None
     #: Per-client figures of the same round (all clients, like ``personal_accuracy``): the
@@ -296,16 +300,18 @@ def clients_problem(
     if not (isinstance(sampled, list) and all(partition(p) for p in sampled)
             and len(set(sampled)) == len(sampled)):  # fmt: skip
         return f"round {number}: sampled_clients is {sampled!r}; expected distinct ids{bound}"
-    accuracies = record.get("client_accuracies")
-    if accuracies is not None:
-        if not isinstance(accuracies, dict):
-            return f"round {number}: client_accuracies is {accuracies!r}; expected an object"
-        for client, value in accuracies.items():
+    for key, upper, expected in (("client_accuracies", 1.0, "a fraction in [0, 1]"),
+                                 ("client_train_seconds", math.inf, "a number >= 0")):  # fmt: skip
+        per_client = record.get(key)
+        if per_client is None:
+            continue
+        if not isinstance(per_client, dict):
+            return f"round {number}: {key} is {per_client!r}; expected an object"
+        for client, value in per_client.items():
             if not (PARTITION_KEY.fullmatch(client) and partition(int(client))):
-                return f"round {number}: client_accuracies names client {client!r}{bound}"
-            if not (is_real(value) and 0 <= value <= 1):
-                return (f"round {number}: client_accuracies[{client!r}] is {value!r}; "
-                        "expected a fraction in [0, 1]")  # fmt: skip
+                return f"round {number}: {key} names client {client!r}{bound}"
+            if not (is_real(value) and 0 <= value <= upper):
+                return f"round {number}: {key}[{client!r}] is {value!r}; expected {expected}"
     coverage = record.get("personal_coverage")
     if coverage is not None:
         covered, of = (coverage.get(k) if isinstance(coverage, dict) else None
