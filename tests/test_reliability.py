@@ -1477,16 +1477,29 @@ def test_a_seal_written_before_a_field_was_added_still_holds() -> None:
     """A seal hashes the rounds' normal form, every field of its version;
     `global_model_kept` came after the first seals, so a record sealed before it would
     read as edited when its seal is checked. A seal names its fields; one that names none
-    is tried without the later fields."""
-    from fedreg_app.core.metrics import UNNAMED_SEAL_LATER_FIELDS, round_fields, sealed_rounds_match
+    is tried on the fields of the last version without names, with and without the later
+    one, whatever fields came since (`client_train_seconds`, `update_trust`, ...)."""
+    from fedreg_app.core.metrics import (
+        UNNAMED_SEAL_FIELDS,
+        UNNAMED_SEAL_LATER_FIELDS,
+        round_fields,
+        sealed_rounds_match,
+    )
 
     rounds = [{"round": 1, "global_accuracy": 0.5, "personal_accuracy": 0.6,
                "personal_accuracy_std": 0.1, "train_seconds": 1.0, "eval_seconds": 1.0,
                "num_train_examples": 10}]  # fmt: skip
+    assert set(round_fields()) > UNNAMED_SEAL_FIELDS  # no field was removed since
+    for hashed in (UNNAMED_SEAL_FIELDS, UNNAMED_SEAL_FIELDS - UNNAMED_SEAL_LATER_FIELDS):
+        unnamed = {"run_id": 1, "rounds_sha256": rounds_sha256(rounds, hashed)}
+        assert sealed_rounds_match(rounds, unnamed)
+        assert sealed_rounds_match([{**rounds[0], "client_train_seconds": {"0": 2.0}}], unnamed)
     earlier = set(round_fields()) - UNNAMED_SEAL_LATER_FIELDS
-    unnamed = {"run_id": 1, "rounds_sha256": rounds_sha256(rounds, earlier)}
-    assert sealed_rounds_match(rounds, unnamed)
-    named = {**unnamed, "fields": sorted(earlier)}
+    named = {
+        "run_id": 1,
+        "rounds_sha256": rounds_sha256(rounds, earlier),
+        "fields": sorted(earlier),
+    }
     later = [{**rounds[0], "global_model_kept": True}]  # a field the seal did not hash
     assert sealed_rounds_match(later, named)
     assert not sealed_rounds_match([{**rounds[0], "global_accuracy": 0.7}], named)

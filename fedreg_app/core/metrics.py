@@ -642,8 +642,22 @@ def relayout_results(path: Path) -> bool:
 #: a resume must begin from the same weights.
 INIT_MODEL_SHA256 = "init_model_sha256"
 
+#: The round-record fields of the last version whose seals named none: such a seal hashed
+#: these (or, made before ``global_model_kept`` came, these but that one). Fields added
+#: since are named by every seal that hashed them.
+UNNAMED_SEAL_FIELDS = frozenset({
+    "bytes_from_clients", "bytes_to_clients", "client_accuracies", "client_compute_seconds",
+    "client_handler_seconds", "client_hosts", "clients_trained", "dp_epsilon", "errors",
+    "eval_compute_seconds", "eval_failures", "eval_replies", "eval_seconds",
+    "global_accuracy", "global_accuracy_answered", "global_model_kept",
+    "num_train_examples", "personal_accuracy", "personal_accuracy_answered",
+    "personal_accuracy_sampled", "personal_accuracy_std", "personal_coverage", "round",
+    "sampled_clients", "server_eval_seconds", "slowest_handlers_seconds", "state_resets",
+    "train_bytes_from_clients", "train_bytes_to_clients", "train_failures", "train_replies",
+    "train_seconds", "trained_parameters",
+})  # fmt: skip
 #: Fields RoundRecord gained after checkpoints began to seal results.json but before
-#: seals named the fields they hashed: such a seal hashed all the others.
+#: seals named the fields they hashed.
 UNNAMED_SEAL_LATER_FIELDS = frozenset({"global_model_kept"})
 
 
@@ -667,11 +681,11 @@ def rounds_sha256(rounds: list[dict[str, Any]], only: Collection[str] | None = N
 
 def sealed_rounds_match(rounds: list[dict[str, Any]], seal: dict[str, Any]) -> bool:
     """Whether ``rounds`` are the ones the seal hashed, over the fields it names (a seal
-    without names: every field of this version, or of the version before the fields in
-    :data:`UNNAMED_SEAL_LATER_FIELDS` were added)."""
+    without names: :data:`UNNAMED_SEAL_FIELDS`, or those without the ones in
+    :data:`UNNAMED_SEAL_LATER_FIELDS`)."""
     named = seal.get("fields")
-    every = set(round_fields())
-    candidates = [set(named)] if named else [every, every - UNNAMED_SEAL_LATER_FIELDS]
+    unnamed = UNNAMED_SEAL_FIELDS
+    candidates = [set(named)] if named else [unnamed, unnamed - UNNAMED_SEAL_LATER_FIELDS]
     return any(rounds_sha256(rounds, c) == seal["rounds_sha256"] for c in candidates)
 
 
