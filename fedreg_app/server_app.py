@@ -489,12 +489,9 @@ def round_record(
     spread = client_figures(client_accuracies.values() if complete and client_accuracies else [])
     eval_metrics = [dict(m.content[METRICS]) for m in evaluation.phase.accepted]
     train_replies = [dict(m.content[METRICS]) for m in training.accepted]
-
-    def seconds_by_client(replies: list[Message]) -> dict[str, float] | None:
-        by_client = {str(int(m.content[METRICS][PARTITION_ID])):
-                     round(float(m.content[METRICS].get(HANDLER_SECONDS, 0.0)), 3)
-                     for m in replies}  # fmt: skip
-        return by_client or None
+    train_seconds_by_client = {str(int(m[PARTITION_ID])):
+                               round(float(m.get(HANDLER_SECONDS, 0.0)), 3)
+                               for m in train_replies}  # fmt: skip
 
     def client_seconds(key: str) -> float:
         return round(float(train_metrics.get(key, 0.0)) + float(personal.get(key, 0.0)), 3)
@@ -523,7 +520,7 @@ def round_record(
         eval_compute_seconds=round(float(personal.get(COMPUTE_SECONDS, 0.0)), 3),
         slowest_handlers_seconds=round(slowest(train_replies) + slowest(eval_metrics), 3),
         server_eval_seconds=round(evaluation.server_seconds, 3),
-        client_train_seconds=seconds_by_client(training.accepted),
+        client_train_seconds=train_seconds_by_client or None,
         sampled_clients=list(strategy.last_sampled),
         client_accuracies=client_accuracies,
         **spread,

@@ -27,7 +27,7 @@ from fedreg_app.core import persist
 from fedreg_app.core.checkpoint import Checkpoint, clients_record
 from fedreg_app.core.config import ConfigError
 from fedreg_app.core.data import PartitionKey, split_digests, split_sizes
-from fedreg_app.core.metrics import BEST_OF, ResultsWriter, RoundRecord, rounds_sha256
+from fedreg_app.core.metrics import BEST_OF, ResultsWriter, RoundRecord, round_fields, rounds_sha256
 from fedreg_app.core.protocol import is_valid_state_key
 from fedreg_app.registry import load_config
 from fedreg_app.server_app import run_folder
@@ -1092,8 +1092,9 @@ def test_a_results_file_other_than_the_one_the_checkpoint_sealed_is_damaged(
     document = json.loads((folder / "results.json").read_text())
     document["run"]["run_id"] = 1  # as the ServerApp writes it
     checkpoint, _ = Checkpoint.load(folder)
-    checkpoint.results = {"run_id": 1,
-                          "rounds_sha256": rounds_sha256(document["rounds"][:2])}  # fmt: skip
+    fields = round_fields()  # a seal names the fields it hashed, as the ServerApp's does
+    sealed = rounds_sha256(document["rounds"][:2], fields)
+    checkpoint.results = {"run_id": 1, "fields": fields, "rounds_sha256": sealed}
     checkpoint.save(folder)
     if swap == "another run's":
         document["run"]["run_id"] += 1

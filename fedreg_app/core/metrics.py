@@ -681,11 +681,11 @@ def rounds_sha256(rounds: list[dict[str, Any]], only: Collection[str] | None = N
 
 def sealed_rounds_match(rounds: list[dict[str, Any]], seal: dict[str, Any]) -> bool:
     """Whether ``rounds`` are the ones the seal hashed, over the fields it names (a seal
-    without names: every field of this version, :data:`UNNAMED_SEAL_FIELDS`, or those
-    without the ones in :data:`UNNAMED_SEAL_LATER_FIELDS`)."""
+    without names: :data:`UNNAMED_SEAL_FIELDS`, or those without the ones in
+    :data:`UNNAMED_SEAL_LATER_FIELDS`)."""
     named = seal.get("fields")
-    every, unnamed = set(round_fields()), UNNAMED_SEAL_FIELDS
-    candidates = [set(named)] if named else [every, unnamed, unnamed - UNNAMED_SEAL_LATER_FIELDS]
+    unnamed = UNNAMED_SEAL_FIELDS
+    candidates = [set(named)] if named else [unnamed, unnamed - UNNAMED_SEAL_LATER_FIELDS]
     return any(rounds_sha256(rounds, c) == seal["rounds_sha256"] for c in candidates)
 
 
